@@ -1,0 +1,501 @@
+"""Speedup tables in FlashQLA's H200 layout, as text, markdown, CSV or HTML.
+
+Layout (text):
+
+    GPU: NVIDIA H200 (132 SMs, cc 9.0) | driver ... | CUDA ...
+    Config: Timer=cudagraph, Warmup=10, Repeats=100, L2=flush
+    Library Versions:
+      torch: ... | triton: ... | tilelang: ... | fla: ... | flash_qla: ... | qlabench: ...
+    =====...
+    >>> FORWARD BENCHMARKS
+    Model Config   Seqlens   h_qk  h_v   qla [fwd]   fla [fwd]   vs fla   TFLOP/s   x floor
+    -----...
+    2B/0.8B TP1    1x32768     16   16     0.378ms     1.231ms    3.26x     230.1     2.99x
+    (blank line between presets)
+    >>> BACKWARD BENCHMARKS
+    Model Config   SeqLen   h_qk  h_v  #seq   qla [bwd]   fla [bwd]   Speedup ...
+
+Speedup `vs <peer>` = peer time / subject time (median ms); above 1.0x the subject is faster. A
+cell of a row whose status is not ok shows the status word (`incorrect`, `error`, `unavailable`),
+never a number, and such rows take no part in any speedup.
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+import io
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from qlabench import roofline
+from qlabench.report.frame import Collected, backends_in_order, collect, dedupe_latest, default_subject
+
+FORMATS = ("text", "md", "csv", "html")
+PHASE_ORDER = ("fwd", "bwd", "fwdbwd")
+PHASE_TITLE = {"fwd": "FORWARD", "bwd": "BACKWARD", "fwdbwd": "FORWARD+BACKWARD"}
+MISSING = "-"
+_N_LABEL_COLS = 2  # label columns are left-aligned, numbers right-aligned, like FlashQLA's file
+
+
+# ---- the table model, shared by every format -------------------------------------------------------
+
+
+@dataclass
+class Line:
+    """One case (phase x preset x pattern x gate x dtype) across backends."""
+
+    preset: str
+    model: str
+    pattern: str
+    h_qk: int
+    h_v: int
+    n_seqs: int | None
+    total_tokens: int | None
+    seqlens: list[int] | None
+    gate_profile: str | None
+    times: dict[str, float | None] = field(default_factory=dict)  # ok median ms per backend
+    status: dict[str, str | None] = field(default_factory=dict)  # status per backend, None = no row
+    speedups: dict[str, float | None] = field(default_factory=dict)  # per peer
+    tflops: float | None = None  # subject, implemented FLOPs
+    x_floor: float | None = None  # subject time / floor
+
+
+@dataclass
+class PhaseTable:
+    phase: str
+    subject: str
+    peers: list[str]
+    backends: list[str]  # subject first, then peers
+    groups: list[tuple[str, list[Line]]]  # (preset, lines), in run order
+    roofline: bool
+
+    @property
+    def lines(self) -> list[Line]:
+        return [line for _, lines in self.groups for line in lines]
+
+
+@dataclass
+class Report:
+    collected: Collected
+    subject: str
+    peers: list[str]
+    tables: list[PhaseTable]
+    peak: roofline.GpuPeak | None
+    notes: list[str]
+
+
+def _int_or_none(x: Any) -> int | None:
+    try:
+        if x is None or (isinstance(x, float) and math.isnan(x)) or pd.isna(x):
+            return None
+    except (TypeError, ValueError):
+        pass
+    return int(x)
+
+
+def _ok_time(row: pd.Series) -> float | None:
+    if row["status"] != "ok":
+        return None
+    ms = row.get("median_ms")
+    if ms is None or pd.isna(ms) or not ms > 0:
+        return None
+    return float(ms)
+
+
+def build_report(
+    results_or_df: Any,
+    subject: str | None = None,
+    peers: list[str] | None = None,
+    phases: list[str] | None = None,
+) -> Report:
+    """Turn results (paths, dicts, a frame) into the per-phase tables every format renders."""
+    col = collect(results_or_df)
+    df = dedupe_latest(col.df)
+    all_backends = backends_in_order(df)
+    if not all_backends:
+        raise ValueError("no rows in the results: nothing to report")
+    subject = subject or default_subject(df)
+    if subject not in all_backends:
+        raise ValueError(
+            f"subject backend {subject!r} is not in the results (have: {', '.join(all_backends)})"
+        )
+    if peers is None:
+        peers = [b for b in all_backends if b != subject]
+    else:
+        bad = [p for p in peers if p not in all_backends]
+        if bad:
+            raise ValueError(
+                f"peer backend {bad[0]!r} is not in the results (have: {', '.join(all_backends)})"
+            )
+        peers = [p for p in peers if p != subject]
+    if phases:
+        bad = [p for p in phases if p not in PHASE_ORDER]
+        if bad:
+            raise ValueError(f"phase must be one of {', '.join(PHASE_ORDER)}, got {bad[0]!r}")
+    present = [p for p in PHASE_ORDER if p in set(df["phase"])]
+    wanted = [p for p in present if not phases or p in phases]
+
+    notes: list[str] = []
+    gpu_names = sorted({str(e.get("gpu_name")) for e in col.envs if e.get("gpu_name")})
+    if len(gpu_names) > 1:
+        notes.append(
+            f"note: these files come from different GPUs ({', '.join(gpu_names)}); rows are not comparable"
+        )
+    gpu_name = gpu_names[0] if gpu_names else None
+    peak = roofline.find_gpu(gpu_name)
+    if peak is None:
+        notes.append(roofline.unknown_gpu_note(gpu_name))
+
+    backends = [subject] + peers
+    tables = [_phase_table(df, phase, subject, peers, backends, peak) for phase in wanted]
+    return Report(col, subject, peers, tables, peak, notes)
+
+
+def _phase_table(df, phase, subject, peers, backends, peak) -> PhaseTable:
+    sub = df[df["phase"] == phase]
+    case_cols = ["preset", "pattern", "h_qk", "h_v", "gate_profile", "dtype"]
+    groups: dict[str, list[Line]] = {}
+    by_case: dict[tuple, Line] = {}
+    for _, row in sub.iterrows():
+        key = tuple(None if pd.isna(row[c]) else row[c] for c in case_cols)
+        line = by_case.get(key)
+        if line is None:
+            seqlens = row.get("seqlens")
+            line = Line(
+                preset=str(row["preset"]),
+                model=str(row["model"]) if row["model"] is not None and not pd.isna(row["model"]) else "",
+                pattern=str(row["pattern"]),
+                h_qk=int(row["h_qk"]),
+                h_v=int(row["h_v"]),
+                n_seqs=_int_or_none(row.get("n_seqs")),
+                total_tokens=_int_or_none(row.get("total_tokens")),
+                seqlens=list(seqlens) if isinstance(seqlens, (list, tuple)) else None,
+                gate_profile=row["gate_profile"],
+                times={b: None for b in backends},
+                status={b: None for b in backends},
+            )
+            by_case[key] = line
+            groups.setdefault(line.preset, []).append(line)
+        b = str(row["backend"])
+        if b in line.status:
+            line.status[b] = row["status"]
+            line.times[b] = _ok_time(row)
+    for line in by_case.values():
+        s = line.times[subject]
+        for p in peers:
+            t = line.times[p]
+            line.speedups[p] = t / s if (s and t) else None
+        if peak is not None and s and line.seqlens:
+            w = roofline.work(phase, line.h_qk, line.h_v, [int(n) for n in line.seqlens])
+            line.tflops = roofline.achieved_tflops(w, s)
+            line.x_floor = roofline.x_of_floor(w, peak, s)
+    return PhaseTable(phase, subject, peers, backends, list(groups.items()), peak is not None)
+
+
+# ---- cell formatting ------------------------------------------------------------------------------
+
+
+def fmt_ms(line: Line, backend: str, unit: bool = True) -> str:
+    status = line.status.get(backend)
+    if status is None:
+        return MISSING
+    if status != "ok":
+        return status
+    t = line.times.get(backend)
+    if t is None:  # ok status but no time recorded: say so rather than invent a number
+        return "no time"
+    return f"{t:.3f}ms" if unit else f"{t:.3f}"
+
+
+def fmt_x(x: float | None) -> str:
+    return MISSING if x is None else f"{x:.2f}x"
+
+
+def fmt_tflops(x: float | None) -> str:
+    return MISSING if x is None else f"{x:.1f}"
+
+
+def _speedup_headers(table: PhaseTable) -> list[str]:
+    if table.phase != "fwd" and len(table.peers) == 1:
+        return ["Speedup"]
+    return [f"vs {p}" for p in table.peers]
+
+
+def table_columns(table: PhaseTable) -> list[str]:
+    tag = {"fwd": "fwd", "bwd": "bwd", "fwdbwd": "fwd+bwd"}[table.phase]
+    if table.phase == "fwd":
+        head = ["Model Config", "Seqlens", "h_qk", "h_v"]
+    else:
+        head = ["Model Config", "SeqLen", "h_qk", "h_v", "#seq"]
+    cols = head + [f"{b} [{tag}]" for b in table.backends] + _speedup_headers(table)
+    if table.roofline:
+        cols += ["TFLOP/s", "x floor"]
+    return cols
+
+
+def table_cells(table: PhaseTable, line: Line, unit: bool = True) -> list[str]:
+    if table.phase == "fwd":
+        head = [line.model or line.preset, line.pattern, str(line.h_qk), str(line.h_v)]
+    else:
+        head = [line.preset, line.pattern, str(line.h_qk), str(line.h_v), str(line.n_seqs or MISSING)]
+    cells = head + [fmt_ms(line, b, unit) for b in table.backends]
+    cells += [fmt_x(line.speedups.get(p)) for p in table.peers]
+    if table.roofline:
+        cells += [fmt_tflops(line.tflops), fmt_x(line.x_floor)]
+    return cells
+
+
+# ---- header ----------------------------------------------------------------------------------------
+
+
+def header_lines(report: Report) -> list[str]:
+    env, run = report.collected.env, report.collected.run
+    gpu = env.get("gpu_name") or "unknown GPU"
+    bits = []
+    if env.get("sm_count"):
+        bits.append(f"{env['sm_count']} SMs")
+    if env.get("compute_capability"):
+        bits.append(f"cc {env['compute_capability']}")
+    gpu_line = f"GPU: {gpu}" + (f" ({', '.join(bits)})" if bits else "")
+    for k in ("driver", "cuda"):
+        if env.get(k):
+            gpu_line += f" | {k}: {env[k]}"
+    clocks = env.get("clocks_start") or {}
+    if clocks.get("sm_mhz"):
+        gpu_line += f" | SM clock {clocks['sm_mhz']} MHz"
+    out = [gpu_line]
+    cfg = []
+    for label, key in (("Timer", "timer"), ("Warmup", "warmup"), ("Repeats", "repeats"), ("L2", "l2_policy")):
+        if run.get(key) is not None:
+            cfg.append(f"{label}={run[key]}")
+    if run.get("gate_profile"):
+        cfg.append(f"Gate={run['gate_profile']}")
+    if run.get("quick"):
+        cfg.append("quick")
+    out.append("Config: " + (", ".join(cfg) if cfg else "unknown (rows carry no run block)"))
+    out.append(f"Subject: {report.subject}; speedup = peer time / {report.subject} time (median)")
+    versions = env.get("versions") or {}
+    if versions:
+        out.append("Library Versions:")
+        out.append("  " + " | ".join(f"{k}: {v}" for k, v in versions.items() if v is not None))
+    if env.get("git_commit"):
+        out.append(f"Commit: {env['git_commit']}" + (" (dirty)" if env.get("git_dirty") else ""))
+    if len(report.collected.sources) > 1:
+        out.append("Files: " + ", ".join(report.collected.sources))
+    if report.peak is not None:
+        p = report.peak
+        out.append(f"Roofline: {p.name} {p.tflops:g} TFLOP/s bf16 dense, {p.tbps:g} TB/s ({p.source})")
+    out.extend(report.notes)
+    return out
+
+
+# ---- text ------------------------------------------------------------------------------------------
+
+
+def render_text(report: Report) -> str:
+    out = header_lines(report)
+    rule_w = 100
+    for table in report.tables:
+        cols = table_columns(table)
+        body = [[table_cells(table, line) for line in lines] for _, lines in table.groups]
+        widths = [len(c) for c in cols]
+        for group in body:
+            for cells in group:
+                widths = [max(w, len(c)) for w, c in zip(widths, cells)]
+
+        def fmt(cells: list[str], widths: list[int] = widths) -> str:
+            parts = [
+                c.ljust(w) if i < _N_LABEL_COLS else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))
+            ]
+            return "  ".join(parts).rstrip()
+
+        head = fmt(cols)
+        rule_w = max(rule_w, len(head))
+        out += ["=" * rule_w, "", f">>> {PHASE_TITLE[table.phase]} BENCHMARKS", head, "-" * len(head)]
+        for gi, group in enumerate(body):
+            if gi:
+                out.append("")
+            out += [fmt(cells) for cells in group]
+        out.append("")
+    if not report.tables:
+        out.append("(no rows for the selected phases)")
+    return "\n".join(out).rstrip() + "\n"
+
+
+# ---- markdown --------------------------------------------------------------------------------------
+
+
+def _md_row(cells: list[str]) -> str:
+    return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+
+
+def render_markdown(report: Report, plots: dict[str, list[str]] | None = None) -> str:
+    """Markdown: header as a list, one table per phase (a preset column instead of blank lines), then
+    the summary per preset and overall. ``plots`` maps a phase to image paths to embed after its table."""
+    from qlabench.report.summary import summarise_table
+
+    env = report.collected.env
+    out = [f"# qlabench report: {env.get('gpu_name') or 'unknown GPU'}", ""]
+    for h in header_lines(report):
+        if h.startswith("  ") and out[-1].startswith("- "):
+            out[-1] += " " + h.strip()
+        else:
+            out.append(f"- {h}")
+    out.append("")
+    for table in report.tables:
+        out += [f"## {PHASE_TITLE[table.phase].capitalize()} ({table.phase})", ""]
+        cols = table_columns(table)
+        out.append(_md_row(cols))
+        out.append("|" + "|".join("---" if i < 2 else "---:" for i in range(len(cols))) + "|")
+        for _, lines in table.groups:
+            for line in lines:
+                out.append(_md_row(table_cells(table, line)))
+        out.append("")
+        summary = summarise_table(table)
+        if summary:
+            out += [f"### Summary: {table.subject} vs peers ({table.phase})", ""]
+            out.append(
+                _md_row(["Group", "Peer", "Cases", "Geomean", "95% CI", "Worst", "Best", "Not compared"])
+            )
+            out.append("|---|---|---:|---:|---:|---|---|---:|")
+            for s in summary:
+                out.append(
+                    _md_row(
+                        [
+                            s.group,
+                            s.peer,
+                            str(s.n),
+                            fmt_x(s.geomean),
+                            f"{fmt_x(s.ci_low)} - {fmt_x(s.ci_high)}" if s.ci_low is not None else MISSING,
+                            f"{fmt_x(s.worst)} ({s.worst_case})" if s.worst is not None else MISSING,
+                            f"{fmt_x(s.best)} ({s.best_case})" if s.best is not None else MISSING,
+                            str(s.n_skipped),
+                        ]
+                    )
+                )
+            out.append("")
+        for img in (plots or {}).get(table.phase, []):
+            out += [f"![{img}]({img})", ""]
+    for img in (plots or {}).get("all", []):
+        out += [f"![{img}]({img})", ""]
+    if not report.tables:
+        out.append("(no rows for the selected phases)")
+    return "\n".join(out).rstrip() + "\n"
+
+
+# ---- csv -------------------------------------------------------------------------------------------
+
+
+def render_csv(report: Report) -> str:
+    """One CSV row per phase x case, plain numbers (ms without unit) and status words in time cells."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    backends = [report.subject] + report.peers
+    head = ["phase", "preset", "model", "pattern", "h_qk", "h_v", "n_seqs", "total_tokens", "gate_profile"]
+    head += [f"{b}_ms" for b in backends] + [f"vs_{p}" for p in report.peers]
+    roof = report.peak is not None
+    if roof:
+        head += ["tflops", "x_floor"]
+    w.writerow(head)
+    for table in report.tables:
+        for line in table.lines:
+            row = [table.phase, line.preset, line.model, line.pattern, line.h_qk, line.h_v]
+            row += [
+                line.n_seqs if line.n_seqs is not None else "",
+                line.total_tokens or "",
+                line.gate_profile or "",
+            ]
+            row += [fmt_ms(line, b, unit=False) if line.status.get(b) else "" for b in backends]
+            row += [f"{line.speedups[p]:.4f}" if line.speedups.get(p) else "" for p in report.peers]
+            if roof:
+                row += [
+                    f"{line.tflops:.2f}" if line.tflops else "",
+                    f"{line.x_floor:.4f}" if line.x_floor else "",
+                ]
+            w.writerow(row)
+    return buf.getvalue()
+
+
+# ---- html ------------------------------------------------------------------------------------------
+
+
+_HTML_STYLE = (
+    "<style>body{font-family:sans-serif}table{border-collapse:collapse;margin:1em 0}"
+    "td,th{border:1px solid #bbb;padding:2px 8px;text-align:right}td.l,th.l{text-align:left}"
+    "td.bad{color:#b00}tr.sep td{border:none;height:.6em}</style></head><body>"
+)
+
+
+def render_html(report: Report) -> str:
+    from qlabench.report.summary import summarise_table
+
+    e = html.escape
+    out = [
+        "<!doctype html><html><head><meta charset='utf-8'><title>qlabench report</title>",
+        _HTML_STYLE,
+        f"<h1>qlabench report: {e(report.collected.env.get('gpu_name') or 'unknown GPU')}</h1><ul>",
+    ]
+    out += [f"<li>{e(h)}</li>" for h in header_lines(report)]
+    out.append("</ul>")
+    for table in report.tables:
+        out.append(f"<h2>{e(PHASE_TITLE[table.phase])}</h2><table><tr>")
+        cols = table_columns(table)
+        out += [f"<th class='{'l' if i < 2 else ''}'>{e(c)}</th>" for i, c in enumerate(cols)]
+        out.append("</tr>")
+        for gi, (_, lines) in enumerate(table.groups):
+            if gi:
+                out.append(f"<tr class='sep'><td colspan='{len(cols)}'></td></tr>")
+            for line in lines:
+                out.append("<tr>")
+                for i, c in enumerate(table_cells(table, line)):
+                    cls = "l" if i < 2 else ("bad" if c in ("incorrect", "error", "unavailable") else "")
+                    out.append(f"<td class='{cls}'>{e(c)}</td>")
+                out.append("</tr>")
+        out.append("</table>")
+        summary = summarise_table(table)
+        if summary:
+            out.append(
+                "<table><tr><th class='l'>Group</th><th class='l'>Peer</th><th>Cases</th>"
+                "<th>Geomean</th><th>95% CI</th><th>Worst</th><th>Best</th></tr>"
+            )
+            for s in summary:
+                ci = f"{fmt_x(s.ci_low)} - {fmt_x(s.ci_high)}" if s.ci_low is not None else MISSING
+                out.append(
+                    f"<tr><td class='l'>{e(s.group)}</td><td class='l'>{e(s.peer)}</td><td>{s.n}</td>"
+                    f"<td>{fmt_x(s.geomean)}</td><td>{ci}</td><td>{fmt_x(s.worst)}</td><td>{fmt_x(s.best)}</td></tr>"
+                )
+            out.append("</table>")
+    out.append("</body></html>")
+    return "\n".join(out) + "\n"
+
+
+# ---- entry points ------------------------------------------------------------------------------------
+
+
+def render(report: Report, fmt: str = "text", plots: dict[str, list[str]] | None = None) -> str:
+    if fmt == "text":
+        return render_text(report)
+    if fmt == "md":
+        return render_markdown(report, plots)
+    if fmt == "csv":
+        return render_csv(report)
+    if fmt == "html":
+        return render_html(report)
+    raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+
+
+def format_h200_tables(results_or_df: Any, subject: str | None = None, peers: list[str] | None = None) -> str:
+    """The text report (FlashQLA's H200 layout) of a results dict, path(s), or rows frame.
+
+    Args:
+        results_or_df: a results dict (schema `qlabench.results/1`), a path, a list of those, or a
+            DataFrame of rows.
+        subject: the backend the speedups are about; default `qla` when it has ok rows, else the
+            first backend.
+        peers: the backends to compare against; default every other backend.
+    """
+    return render_text(build_report(results_or_df, subject=subject, peers=peers))
