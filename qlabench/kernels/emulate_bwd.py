@@ -1,0 +1,250 @@
+"""Step-for-step torch emulation of the Hopper backward kernels (``hopper/bwd_*.py``).
+
+Each ``_emu_*`` function below is one kernel body for one chunk (all v-heads at once), with the same
+operand order, the same fp32-accumulator / staged-operand boundaries and the same padding rules.
+With ``stage_dtype=None`` everything runs in float64 and must match ``torch.autograd`` of the float64
+reference to rounding; with ``stage_dtype=torch.bfloat16`` every operand the kernels stage in bf16
+(shared-memory GEMM operands, the h / dh / dv' intermediates) is rounded the same way, which predicts
+the kernels' error on the CPU. A GPU test can diff each kernel against its ``_emu_*`` twin.
+
+Per chunk (C rows, gam = in-chunk cumsum of g padded with the last real value, e = exp(gam),
+r = exp(gam_C - gam), Gam[i, j] = exp(gam_i - gam_j) for j <= i else 0, S0 = state at the chunk
+start, dS = gradient of the state at the chunk end, A = gate-free A_k):
+
+    kernel bwd_h (forward order, V-tiled):
+        h[c] = S;  Y = diag(r) V - exp(gam_C) K S;  S = exp(gam_C) S + K^T (A diag(beta)) Y
+    kernel bwd_dh (reverse order, V-tiled), Pg = scale Gam .* Q K^T, Ag = Gam .* A .* beta_col:
+        dh[c] = dS;  dV' = diag(r) K dS + Pg^T dO;  dv = Ag^T dV';  dU = -diag(e) dv
+        dS = exp(gam_C) dS + K^T dU + Q^T (scale diag(e) dO);   after the first chunk: dh0 = dS
+    kernel bwd_state (one block per chunk, full V):
+        U = K S0;  W = V - diag(e) U;  V' = Ag W
+        dAg = dV' W^T;  dPg = dO V'^T;  dq0 = scale diag(e) dO S0^T
+        T1 = V' dS^T;  dk0 = diag(r) T1 + dU S0^T
+        dgam0_i = rowdot(dU, U)_i - r_i rowdot(K, T1)_i
+                  (+ exp(gam_C) sum(dS .* S0) + sum_i r_i rowdot(K, T1)_i on the last real row)
+    kernel bwd_intra (one block per chunk):
+        P = Q K^T;  dAb = Gam .* dAg;  dA = dAb .* beta_col;  dP = scale Gam .* dPg
+        X = Pg .* dPg + dAb .* A .* beta_col                   (fp32 through the transpose)
+        dbeta_t = colsum(dAb .* A)_t + rowsum(dL .* K K^T)_t
+        dL = -strict_lower(A^T dA A^T);  dM = diag(beta) dL;  dAs = dM + dM^T
+        dq = dq0 + dP K;  dk = dk0 + dP^T Q + dAs K
+        dgam = dgam0 + rowdot(Q, dq0) + rowsum(X) - colsum(X);  dg = reverse in-chunk cumsum of dgam
+    host: dq, dk summed over the GQA group in fp32; every gradient zero on the padding tail.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .validate import validate
+
+__all__ = ["emulate_chunk_gated_delta_rule_bwd"]
+
+F64 = torch.float64
+
+
+class _Stager:
+    """Rounds a tensor to the staging dtype (identity in pure float64 mode)."""
+
+    def __init__(self, dtype):
+        self.dtype = dtype
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.dtype is None else x.to(self.dtype).to(F64)
+
+
+def _chunk_rows(x: torch.Tensor, t0: int, end: int, C: int) -> torch.Tensor:
+    """Rows t0 .. t0 + C of x `[T, H, *]`, zero past ``end``, moved to `[H, C, *]`."""
+    out = x.new_zeros((C,) + tuple(x.shape[1:]))
+    out[: end - t0] = x[t0:end]
+    return out.movedim(0, 1)
+
+
+def _chunk_gates(gcum: torch.Tensor, beta: torch.Tensor, t0: int, end: int, C: int):
+    """(gam, beta, e, r, gam_C, Gam) of one chunk; gam padded with the last real value, beta with 0."""
+    idx = torch.clamp(torch.arange(t0, t0 + C), max=end - 1)
+    gam = gcum[idx].movedim(0, 1)  # [H, C]
+    b = _chunk_rows(beta, t0, end, C)
+    gC = gam[:, -1]
+    e = torch.exp(gam)
+    r = torch.exp(gC[:, None] - gam)
+    incl = torch.ones(C, C, dtype=torch.bool).tril()
+    Gam = torch.where(incl, torch.exp(gam[:, :, None] - gam[:, None, :]), torch.zeros((), dtype=F64))
+    return gam, b, e, r, gC, Gam
+
+
+def _t(x: torch.Tensor) -> torch.Tensor:
+    return x.transpose(-1, -2)
+
+
+def _emu_h(S, K_c, V_c, A_c, b, r, gC, st):
+    """bwd_h, one chunk. Returns (h[c] as staged, next S fp32)."""
+    S_s = st(S)
+    KS = K_c @ S_s
+    Y_s = st(r[..., None] * V_c - torch.exp(gC)[:, None, None] * KS)
+    Ab_s = st(A_c * b[:, None, :])
+    Z_s = st(Ab_s @ Y_s)
+    S_next = torch.exp(gC)[:, None, None] * S + _t(K_c) @ Z_s
+    return S_s, S_next
+
+
+def _emu_dh(dS, Q_c, K_c, dO_c, A_c, b, e, r, gC, Gam, scale, st):
+    """bwd_dh, one chunk. Returns (dh[c] staged, dV' (fp32), dv (fp32), dS for the chunk before)."""
+    dS_s = st(dS)
+    P = Q_c @ _t(K_c)
+    Pg_s = st(scale * Gam * P)
+    Ag_s = st(Gam * A_c * b[:, None, :])
+    dVp = r[..., None] * (K_c @ dS_s) + _t(Pg_s) @ dO_c
+    dVp_s = st(dVp)
+    dW = _t(Ag_s) @ dVp_s
+    dU_s = st(-e[..., None] * dW)
+    eDO_s = st(scale * e[..., None] * dO_c)
+    dS_prev = torch.exp(gC)[:, None, None] * dS + _t(K_c) @ dU_s + _t(Q_c) @ eDO_s
+    return dS_s, dVp, dW, dS_prev
+
+
+def _emu_state(K_c, V_c, dO_c, dVp_c, dv_c, A_c, S0, dS, b, e, r, gC, Gam, last, scale, st):
+    """bwd_state, one chunk. ``dVp_c``, ``dv_c``, ``S0``, ``dS`` as stored (staged).
+
+    Returns (dAg, dPg, dq0, dk0, dgam0), all fp32.
+    """
+    Ag_s = st(Gam * A_c * b[:, None, :])
+    U = K_c @ S0
+    dU = -e[..., None] * dv_c
+    dU_s = st(dU)
+    dgam_u = (dU * U).sum(-1)
+    W_s = st(V_c - e[..., None] * U)
+    Vp_s = st(Ag_s @ W_s)
+    dAg = dVp_c @ _t(W_s)
+    dPg = dO_c @ _t(Vp_s)
+    dq0 = (scale * e)[..., None] * (dO_c @ _t(S0))
+    T1 = Vp_s @ _t(dS)
+    kt1 = r * (K_c * T1).sum(-1)
+    dk0 = r[..., None] * T1 + dU_s @ _t(S0)
+    glast = torch.exp(gC) * (dS * S0).sum((-1, -2)) + kt1.sum(-1)
+    dgam0 = dgam_u - kt1
+    dgam0[:, last] += glast
+    return dAg, dPg, dq0, dk0, dgam0
+
+
+def _emu_intra(Q_c, K_c, A_c, dAg, dPg, dq0, dk0, dgam0, b, Gam, scale, st):
+    """bwd_intra, one chunk. Returns (dq, dk, dbeta, dg) fp32 for all C rows."""
+    C = Q_c.shape[-2]
+    P = Q_c @ _t(K_c)
+    KK = K_c @ _t(K_c)
+    dAb = Gam * dAg
+    X = scale * Gam * P * dPg + dAb * A_c * b[:, None, :]
+    Y = dAb * A_c
+    dA_s = st(dAb * b[:, None, :])
+    dP_s = st(scale * Gam * dPg)
+    T1_s = st(_t(A_c) @ dA_s)
+    strict = torch.ones(C, C, dtype=torch.bool).tril(-1)
+    dL = torch.where(strict, -(T1_s @ _t(A_c)), torch.zeros((), dtype=F64))
+    dbeta = _t(Y).sum(-1) + (dL * KK).sum(-1)
+    dM = b[..., None] * dL
+    dAs_s = st(dM + _t(dM))
+    dgam = dgam0 + (Q_c * dq0).sum(-1) + (X - _t(X)).sum(-1)
+    dq = dq0 + dP_s @ K_c
+    dk = dk0 + _t(dP_s) @ Q_c + dAs_s @ K_c
+    dg = dgam.flip(-1).cumsum(-1).flip(-1)
+    return dq, dk, dbeta, dg
+
+
+def emulate_chunk_gated_delta_rule_bwd(
+    q, k, v, g_cumsum, beta, A, do, dht=None, scale=None, initial_state=None, cu_seqlens=None,
+    state_v_first=False, chunk_size=64, stage_dtype=None,
+):
+    """The backward as the kernels compute it, in float64 (optionally with their bf16 staging).
+
+    Args:
+        q, k: `[B, T, H_qk, K]`. v, do: `[B, T, H_v, V]`. g_cumsum, beta: `[B, T, H_v]`.
+        A: `[B, T, H_v, C]` gate-free inverse from kkt_solve (or the reference's intermediates).
+        dht: `[N, H_v, K, V]` (`[N, H_v, V, K]` with ``state_v_first``) or None.
+        initial_state: like dht, or None.
+        stage_dtype: None (pure float64) or the dtype the kernels stage operands in.
+
+    Returns:
+        (dq, dk, dv, dbeta, dg, dh0) float64; dh0 is None without ``initial_state``.
+    """
+    p = validate(q, k, v, g_cumsum, beta, scale, initial_state, cu_seqlens, state_v_first)
+    C = chunk_size
+    if tuple(A.shape) != (p.B, p.T, p.h_v, C):
+        raise ValueError(f"A must be [B, T, H_v, C] = {(p.B, p.T, p.h_v, C)}, got {tuple(A.shape)}")
+    if tuple(do.shape) != (p.B, p.T, p.h_v, p.V):
+        raise ValueError(f"do must be [B, T, H_v, V] = {(p.B, p.T, p.h_v, p.V)}, got {tuple(do.shape)}")
+    st = _Stager(stage_dtype)
+    BT, H, G = p.B * p.T, p.h_v, p.group
+
+    def flat(x, *rest):
+        return x.detach().to(F64).reshape((BT,) + rest)
+
+    qf = flat(q, p.h_qk, p.K).repeat_interleave(G, 1)
+    kf = flat(k, p.h_qk, p.K).repeat_interleave(G, 1)
+    vf, dof = flat(v, H, p.V), flat(do, H, p.V)
+    gf, bf, Af = flat(g_cumsum, H), flat(beta, H), flat(A, H, C)
+
+    def state_in(x):
+        if x is None:
+            return torch.zeros(p.N, H, p.K, p.V, dtype=F64)
+        x = x.detach().to(F64)
+        return _t(x) if state_v_first else x
+
+    h0, dht_ = state_in(initial_state), state_in(dht)
+
+    dq = torch.zeros(BT, H, p.K, dtype=F64)
+    dk = torch.zeros(BT, H, p.K, dtype=F64)
+    dv = torch.zeros(BT, H, p.V, dtype=F64)
+    dbeta = torch.zeros(BT, H, dtype=F64)
+    dg = torch.zeros(BT, H, dtype=F64)
+    dh0 = torch.zeros(p.N, H, p.K, p.V, dtype=F64)
+    for n, (bos, eos) in enumerate(p.seq_bounds):
+        starts = list(range(bos, eos, C))
+        chunks = []
+        for t0 in starts:
+            end = min(t0 + C, eos)
+            chunks.append({
+                "t0": t0, "end": end, "Q": _chunk_rows(qf, t0, end, C), "K": _chunk_rows(kf, t0, end, C),
+                "V": _chunk_rows(vf, t0, end, C), "dO": _chunk_rows(dof, t0, end, C),
+                "A": _chunk_rows(Af, t0, end, C), "gates": _chunk_gates(gf, bf, t0, end, C)})
+        # bwd_h: states at chunk starts (the emulated kernel stores them staged).
+        S = h0[n]
+        hs = []
+        for ch in chunks:
+            _, b, _, r, gC, _ = ch["gates"]
+            S_s, S = _emu_h(S, ch["K"], ch["V"], ch["A"], b, r, gC, st)
+            hs.append(S_s)
+        # bwd_dh: reverse pass, stores dh (staged), dV' (staged) and dv.
+        dS = dht_[n]
+        dhs, dvps, dvs = [None] * len(chunks), [None] * len(chunks), [None] * len(chunks)
+        for i in reversed(range(len(chunks))):
+            ch = chunks[i]
+            _, b, e, r, gC, Gam = ch["gates"]
+            dS_s, dVp, dW, dS = _emu_dh(dS, ch["Q"], ch["K"], ch["dO"], ch["A"], b, e, r, gC, Gam,
+                                        p.scale, st)
+            L = ch["end"] - ch["t0"]
+            dhs[i] = dS_s
+            dvps[i] = st(dVp) * (torch.arange(C) < L)[:, None]
+            dvs[i] = st(dW) * (torch.arange(C) < L)[:, None]
+            dv[ch["t0"]:ch["end"]] = dW.movedim(0, 1)[:L]
+        dh0[n] = dS
+        # bwd_state + bwd_intra: independent per chunk.
+        for i, ch in enumerate(chunks):
+            _, b, e, r, gC, Gam = ch["gates"]
+            L = ch["end"] - ch["t0"]
+            dAg, dPg, dq0, dk0, dgam0 = _emu_state(ch["K"], ch["V"], ch["dO"], dvps[i], dvs[i], ch["A"],
+                                                   hs[i], dhs[i], b, e, r, gC, Gam, L - 1, p.scale, st)
+            dq_c, dk_c, db_c, dg_c = _emu_intra(ch["Q"], ch["K"], ch["A"], dAg, dPg, dq0, dk0, dgam0,
+                                                b, Gam, p.scale, st)
+            sl = slice(ch["t0"], ch["end"])
+            dq[sl] = dq_c.movedim(0, 1)[:L]
+            dk[sl] = dk_c.movedim(0, 1)[:L]
+            dbeta[sl] = db_c.movedim(0, 1)[:L]
+            dg[sl] = dg_c.movedim(0, 1)[:L]
+    dq = dq.reshape(BT, p.h_qk, G, p.K).sum(2).reshape(p.B, p.T, p.h_qk, p.K)
+    dk = dk.reshape(BT, p.h_qk, G, p.K).sum(2).reshape(p.B, p.T, p.h_qk, p.K)
+    dv = dv.reshape(p.B, p.T, H, p.V)
+    dbeta = dbeta.reshape(p.B, p.T, H)
+    dg = dg.reshape(p.B, p.T, H)
+    if initial_state is None:
+        return dq, dk, dv, dbeta, dg, None
+    return dq, dk, dv, dbeta, dg, (_t(dh0) if state_v_first else dh0)
