@@ -2,9 +2,64 @@
 
 from __future__ import annotations
 
+import torch
+
 from .validate import validate
 
-__all__ = ["chunk_gated_delta_rule"]
+__all__ = ["chunk_gated_delta_rule", "kernels_available"]
+
+
+def kernels_available(device=None) -> tuple[bool, str]:
+    """(True, "") when our kernels can run on ``device`` (default: the current CUDA device)."""
+    if not torch.cuda.is_available():
+        return False, "no CUDA device (use qlabench.kernels.reference for CPU)"
+    try:
+        import tilelang  # noqa: F401
+    except Exception as exc:  # pragma: no cover - depends on the install
+        return False, f"tilelang does not import: {exc}"
+    from .dispatch import arch_for_device
+
+    try:
+        arch_for_device(torch.device("cuda") if device is None else device)
+    except ValueError as exc:
+        return False, str(exc)
+    return True, ""
+
+
+def _l2norm(x: torch.Tensor) -> torch.Tensor:
+    """Differentiable L2 normalisation in fp32, returned in x's dtype (autograd gives its backward)."""
+    xf = x.float()
+    return (xf * torch.rsqrt((xf * xf).sum(-1, keepdim=True) + 1e-6)).to(x.dtype)
+
+
+class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
+    """Forward on our kernels; backward on `backward.chunk_gated_delta_rule_bwd` (recomputing h)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, state_v_first):
+        from .forward import chunk_gated_delta_rule_fwd
+
+        g_cumsum, A, o, _, final_state = chunk_gated_delta_rule_fwd(
+            q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+            output_final_state=output_final_state, output_h=False, state_v_first=state_v_first,
+        )
+        ctx.save_for_backward(q, k, v, g_cumsum, beta, A, initial_state, cu_seqlens)
+        ctx.scale = scale
+        ctx.state_v_first = state_v_first
+        ctx.g_dtype = g.dtype
+        return o, final_state
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        from .backward import chunk_gated_delta_rule_bwd
+
+        q, k, v, g_cumsum, beta, A, initial_state, cu_seqlens = ctx.saved_tensors
+        dq, dk, dv, dbeta, dg, dh0 = chunk_gated_delta_rule_bwd(
+            q, k, v, g_cumsum, beta, A, do.contiguous(), dht, scale=ctx.scale,
+            initial_state=initial_state, cu_seqlens=cu_seqlens, state_v_first=ctx.state_v_first,
+        )
+        return (dq, dk, dv, dg.to(ctx.g_dtype), dbeta.to(beta.dtype), None,
+                dh0 if initial_state is not None else None, None, None, None)
 
 
 def chunk_gated_delta_rule(
@@ -24,10 +79,18 @@ def chunk_gated_delta_rule(
 
     Returns:
         (o `[B, T, H_v, V]` in q's dtype, final_state `[N, H_v, K, V]` fp32 or None)
+
+    Raises:
+        ValueError / TypeError for bad input (naming the argument and value), and ValueError when
+        the tensors are not on a CUDA device with kernels (use `reference` on the CPU).
     """
-    validate(q, k, v, g, beta, scale, initial_state, cu_seqlens, state_v_first, for_kernels=True)
+    p = validate(q, k, v, g, beta, scale, initial_state, cu_seqlens, state_v_first, for_kernels=True)
     from .dispatch import arch_for_device
 
-    arch = arch_for_device(q.device)
-    raise NotImplementedError(f"qlabench kernels for {arch.name} are not built yet; use "
-                              "qlabench.kernels.reference.chunk_gated_delta_rule_ref")
+    arch_for_device(q.device)
+    if use_qk_l2norm_in_kernel:
+        q, k = _l2norm(q), _l2norm(k)
+    o, final_state = ChunkGatedDeltaRuleFunction.apply(
+        q, k, v, g, beta, p.scale, initial_state, bool(output_final_state), cu_seqlens, state_v_first,
+    )
+    return o, (final_state if output_final_state else None)

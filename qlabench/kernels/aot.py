@@ -1,0 +1,84 @@
+"""Ahead-of-time compilation: every kernel the API would launch for a head configuration, compiled
+for an architecture's explicit target into the TileLang cache, without a GPU."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from .dispatch import arch_by_name
+
+HEAD_DIM = 128
+VALUE_TILES = (32, 64)
+
+
+@dataclass
+class Compiled:
+    kernel: str
+    config: str
+    seconds: float
+
+
+def forward_kernels(h_qk: int, h_v: int, arch: str, dtype: str = "bfloat16",
+                    state_layouts=(False, True)) -> list[tuple[str, str, object]]:
+    """(name, config text, thunk) for every forward kernel of one head configuration."""
+    from .common.cumsum import chunk_local_cumsum_kernel
+    from .hopper.chunk_fwd import chunk_fwd_kernel
+    from .hopper.kkt_solve import kkt_solve_kernel
+
+    a = arch_by_name(arch)
+    C = a.chunk_size
+    jobs = [
+        ("chunk_local_cumsum", f"H={h_v} C={C}", lambda: chunk_local_cumsum_kernel(h_v, C, False, a.name)),
+        ("kkt_solve", f"hk{h_qk}_hv{h_v} {dtype}", lambda: kkt_solve_kernel(h_qk, h_v, HEAD_DIM, C, dtype, a.name)),
+    ]
+    for vf in state_layouts:
+        for bv in VALUE_TILES:
+            jobs.append((
+                "chunk_fwd", f"hk{h_qk}_hv{h_v} {dtype} BV={bv} {'vk' if vf else 'kv'}",
+                lambda vf=vf, bv=bv: chunk_fwd_kernel(h_qk, h_v, HEAD_DIM, HEAD_DIM, bv, C, dtype, vf, a.name),
+            ))
+    return jobs
+
+
+def backward_kernels(h_qk: int, h_v: int, arch: str, dtype: str = "bfloat16",
+                     state_layouts=(False, True)) -> list[tuple[str, str, object]]:
+    """(name, config text, thunk) for the backward kernels, when the architecture has them."""
+    a = arch_by_name(arch)
+    if not a.has_backward:
+        return []
+    try:
+        from .backward import compile_backward_kernels
+    except ImportError:
+        return []
+    from .common.cumsum import chunk_local_cumsum_kernel
+
+    jobs = [("chunk_local_cumsum_reverse", f"H={h_v} C={a.chunk_size}",
+             lambda: chunk_local_cumsum_kernel(h_v, a.chunk_size, True, a.name))]
+    for vf in state_layouts:
+        jobs.append(("backward", f"hk{h_qk}_hv{h_v} {dtype} {'vk' if vf else 'kv'}",
+                     lambda vf=vf: compile_backward_kernels(h_qk, h_v, dtype, vf, a.name)))
+    return jobs
+
+
+def compile_all(heads: list[tuple[int, int]], arch: str, dtypes=("bfloat16",), state_layouts=(False, True),
+                backward: bool = True, on_done=None) -> list[Compiled]:
+    """Compiles every kernel for each (h_qk, h_v); calls ``on_done(Compiled)`` as each finishes."""
+    done = []
+    seen = set()
+    for h_qk, h_v in heads:
+        for dtype in dtypes:
+            jobs = forward_kernels(h_qk, h_v, arch, dtype, state_layouts)
+            if backward:
+                jobs += backward_kernels(h_qk, h_v, arch, dtype, state_layouts)
+            for name, config, thunk in jobs:
+                if (name, config) in seen:
+                    continue
+                seen.add((name, config))
+                t0 = time.perf_counter()
+                thunk()
+                item = Compiled(name, config, time.perf_counter() - t0)
+                done.append(item)
+                if on_done:
+                    on_done(item)
+    return done

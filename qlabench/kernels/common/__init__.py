@@ -1,0 +1,1 @@
+"""Pieces shared by every architecture: chunk tables, in-chunk gate cumsum, the TileLang build helper."""

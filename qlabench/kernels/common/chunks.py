@@ -1,0 +1,55 @@
+"""Chunk tables built on the device from cu_seqlens, without a host sync (CUDA-graph safe).
+
+Every sequence n of length L_n is cut into ceil(L_n / C) chunks; chunks of all sequences are
+numbered in order (chunk_offsets[n] = number of chunks before sequence n). Grids that run one block
+per chunk launch the upper bound ``max_chunks(T, N, C) = ceil(T / C) + N`` blocks; the table marks
+blocks beyond the real count with start == end == 0 and they exit at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+def max_chunks(T: int, N: int, C: int) -> int:
+    """Upper bound on sum_n ceil(L_n / C) for N sequences packed into T tokens."""
+    return -(-T // C) + N
+
+
+@dataclass(frozen=True)
+class ChunkTable:
+    """Device tensors describing the chunks of a packed batch.
+
+    Attributes:
+        cu_seqlens: `[N + 1]` int32 sequence boundaries.
+        chunk_offsets: `[N + 1]` int32, index of each sequence's first chunk (last entry = total).
+        chunk_bounds: `[NCmax, 2]` int32 (start token, end token) of every chunk; unused rows 0, 0.
+        n_chunks_max: the launch bound NCmax.
+    """
+
+    cu_seqlens: torch.Tensor
+    chunk_offsets: torch.Tensor
+    chunk_bounds: torch.Tensor
+    n_chunks_max: int
+
+
+def build_chunk_table(cu_seqlens: torch.Tensor, T: int, C: int) -> ChunkTable:
+    """Chunk table for sequences packed into the flattened token axis of length T."""
+    cu = cu_seqlens.to(torch.int64)
+    N = cu.numel() - 1
+    lens = cu[1:] - cu[:-1]
+    n_chunks = (lens + C - 1) // C
+    offsets = torch.zeros(N + 1, dtype=torch.int64, device=cu.device)
+    offsets[1:] = torch.cumsum(n_chunks, 0)
+    ncmax = max_chunks(T, N, C)
+    idx = torch.arange(ncmax, device=cu.device)
+    seq = torch.searchsorted(offsets[1:], idx, right=True).clamp_(max=max(N - 1, 0))
+    start = cu[seq] + C * (idx - offsets[seq])
+    end = torch.minimum(start + C, cu[seq + 1])
+    valid = idx < offsets[-1]
+    start = torch.where(valid, start, 0)
+    end = torch.where(valid, end, 0)
+    bounds = torch.stack([start, end], 1).to(torch.int32).contiguous()
+    return ChunkTable(cu.to(torch.int32).contiguous(), offsets.to(torch.int32).contiguous(), bounds, ncmax)

@@ -1,0 +1,93 @@
+"""Low-level forward: chunk_local_cumsum -> kkt_solve -> chunk recurrence (3 launches).
+
+Nothing here syncs with the host: chunk tables are built on the device from cu_seqlens, so a call
+can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .common.chunks import build_chunk_table
+from .common.cumsum import chunk_local_cumsum
+from .dispatch import Arch, arch_for_device
+from .validate import validate
+
+_DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def value_tile(n_blocks: int, sm_count: int = 132) -> int:
+    """V tile width: wide tiles when the (sequence, head) blocks alone fill the GPU, narrow otherwise."""
+    return 64 if n_blocks >= sm_count // 2 else 32
+
+
+def dense_cu_seqlens(B: int, T: int, device) -> torch.Tensor:
+    return torch.arange(0, (B + 1) * T, T, dtype=torch.int32, device=device)
+
+
+def chunk_gated_delta_rule_fwd(
+    q, k, v, g, beta, scale=None, initial_state=None, cu_seqlens=None, output_final_state=True,
+    output_h=False, state_v_first=False, arch: Arch | None = None,
+):
+    """Forward kernels without autograd.
+
+    Args:
+        q, k: `[B, T, H_qk, 128]` bf16/fp16. v: `[B, T, H_v, 128]`. g, beta: `[B, T, H_v]`.
+        initial_state: `[N, H_v, K, V]` (`[N, H_v, V, K]` with ``state_v_first``), any float dtype.
+        output_h: also return the per-chunk start states.
+
+    Returns:
+        (g_cumsum `[B, T, H_v]` fp32, A `[B, T, H_v, C]` gate-free inverse in q's dtype (rows of the
+        padding tail unspecified), o `[B, T, H_v, V]` in q's dtype, h `[NCmax, H_v, K, V]` in q's
+        dtype or None (chunk i of sequence n at row chunk_offsets[n] + i; rows past the real chunk
+        count, ceil(T / C) + N bound, are unspecified), final_state `[N, H_v, K, V]` fp32 or None)
+    """
+    p = validate(q, k, v, g, beta, scale, initial_state, cu_seqlens, state_v_first, for_kernels=True)
+    arch = arch or arch_for_device(q.device)
+    from .hopper.chunk_fwd import chunk_fwd_kernel
+    from .hopper.kkt_solve import kkt_solve_kernel
+
+    C = arch.chunk_size
+    dtype = _DTYPE_NAMES[q.dtype]
+    dev = q.device
+    BT = p.B * p.T
+    q2 = q.reshape(BT, p.h_qk, p.K).contiguous()
+    k2 = k.reshape(BT, p.h_qk, p.K).contiguous()
+    v2 = v.reshape(BT, p.h_v, p.V).contiguous()
+    g2 = g.reshape(BT, p.h_v).to(torch.float32).contiguous()
+    beta2 = beta.reshape(BT, p.h_v).to(torch.float32).contiguous()
+    cu = dense_cu_seqlens(p.B, p.T, dev) if cu_seqlens is None else cu_seqlens.to(dev, torch.int32)
+    table = build_chunk_table(cu, BT, C)
+
+    g_cumsum = chunk_local_cumsum(g2, table, C, arch.name)
+    A = torch.empty(BT, p.h_v, C, dtype=q.dtype, device=dev)
+    kkt_solve_kernel(p.h_qk, p.h_v, p.K, C, dtype, arch.name)(k2, beta2, table.chunk_bounds, A)
+
+    state = (p.h_v, p.V, p.K) if state_v_first else (p.h_v, p.K, p.V)
+    has_h0 = initial_state is not None
+    h0 = initial_state.to(torch.float32).contiguous() if has_h0 else torch.empty((1,) + state, device=dev)
+    ht = torch.empty((p.N if output_final_state else 1,) + state, dtype=torch.float32, device=dev)
+    n_h = table.n_chunks_max if output_h else 1
+    h = torch.empty((n_h,) + state, dtype=q.dtype, device=dev)
+    o = torch.empty(BT, p.h_v, p.V, dtype=q.dtype, device=dev)
+    BV = value_tile(p.N * p.h_v, _sm_count(dev))
+    kernel = chunk_fwd_kernel(p.h_qk, p.h_v, p.K, p.V, BV, C, dtype, state_v_first, arch.name)
+    kernel(q2, k2, v2, g_cumsum, beta2, A, table.cu_seqlens, table.chunk_offsets, h0, o, ht, h,
+           p.scale, int(has_h0), int(bool(output_final_state)), int(bool(output_h)))
+    return (
+        g_cumsum.reshape(p.B, p.T, p.h_v),
+        A.reshape(p.B, p.T, p.h_v, C),
+        o.reshape(p.B, p.T, p.h_v, p.V),
+        h if output_h else None,
+        ht if output_final_state else None,
+    )
+
+
+_SM_COUNTS: dict = {}
+
+
+def _sm_count(device) -> int:
+    key = str(device)
+    if key not in _SM_COUNTS:
+        _SM_COUNTS[key] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _SM_COUNTS[key]

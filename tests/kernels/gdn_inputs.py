@@ -1,0 +1,59 @@
+"""Random GDN inputs for kernel tests (fresh per call) and the relative-L2 metric."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def make_inputs(T, h_qk, h_v, *, cu_seqlens=None, B=1, gate="bench", h0=False, state_v_first=False,
+                dtype=torch.bfloat16, device="cuda", D=128, seed=None):
+    """q, k l2-normalised, v, g (gate profile), beta = sigmoid(randn), optional h0; B = 1 with cu_seqlens."""
+    gen = torch.Generator(device="cpu")
+    gen.manual_seed(int(torch.randint(0, 2**31 - 1, (1,)).item()) if seed is None else seed)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen)
+
+    q = F.normalize(randn(B, T, h_qk, D), dim=-1)
+    k = F.normalize(randn(B, T, h_qk, D), dim=-1)
+    v = randn(B, T, h_v, D)
+    if gate == "bench":
+        g = F.logsigmoid(randn(B, T, h_v)) / 16
+        g[..., torch.randperm(h_v, generator=gen)[: h_v // 4]] = 0.0
+    elif gate == "qwen":
+        A_h = torch.rand(h_v, generator=gen) * 16
+        A_h[0] = 0.0
+        A_h[-1] = 16.0
+        g = -A_h * F.softplus(0.5 * randn(B, T, h_v) + 1.0)
+    else:
+        raise ValueError(gate)
+    beta = torch.sigmoid(randn(B, T, h_v))
+    N = B if cu_seqlens is None else len(cu_seqlens) - 1
+    out = dict(q=q.to(dtype), k=k.to(dtype), v=v.to(dtype), g=g.float(), beta=beta.float())
+    if cu_seqlens is not None:
+        out["cu_seqlens"] = torch.tensor(cu_seqlens, dtype=torch.int32)
+    if h0:
+        shape = (N, h_v, D, D)
+        out["initial_state"] = randn(*shape).float()
+    out["state_v_first"] = state_v_first
+    return {key: (val.to(device) if isinstance(val, torch.Tensor) else val) for key, val in out.items()}
+
+
+def rel_l2(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """||x - ref|| / ||ref|| in float64; inf when x has NaN/Inf."""
+    x = x.double()
+    ref = ref.double()
+    if not torch.isfinite(x).all():
+        return float("inf")
+    den = ref.norm().item()
+    num = (x - ref).norm().item()
+    return num / den if den > 0 else num
+
+
+def poison_cuda_cache(nbytes: int = 1 << 30) -> None:
+    """Fills freed allocator blocks with NaN so kernel outputs allocated next start as NaN."""
+    if torch.cuda.is_available():
+        buf = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda")
+        buf.fill_(float("nan"))
+        del buf
