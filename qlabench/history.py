@@ -247,8 +247,11 @@ def build_history(
             env = _env_changes(prev, runs[s.index])
             extra = f"; environment changed: {', '.join(env)}" if env else ""
             h.events.append(
-                f"{labels[s.index]}: {subject} {s.before:.3f} -> {s.after:.3f} ms "
-                f"({s.change:+.1%}) {word}{extra}"
+                (
+                    s.index,
+                    (f"{labels[s.index]}: {subject} {s.before:.3f} -> {s.after:.3f} ms "
+                    f"({s.change:+.1%}) {word}{extra}"),
+                )
             )
             h.step_runs.append(s.index)
         own = {s.index for s in own_steps}
@@ -266,10 +269,15 @@ def build_history(
                 if not s.confirmed:
                     why = "unconfirmed: " + why
                 h.events.append(
-                    f"{labels[s.index]}: {p} {s.before:.3f} -> {s.after:.3f} ms ({s.change:+.1%}), "
-                    f"ratio {subject}/{p} moved: {why}"
+                    (
+                        s.index,
+                        (f"{labels[s.index]}: {p} {s.before:.3f} -> {s.after:.3f} ms ({s.change:+.1%}), "
+                        f"ratio {subject}/{p} moved: {why}"),
+                    )
                 )
                 h.step_runs.append(s.index)
+        order = sorted(range(len(h.events)), key=lambda j: h.events[j][0])
+        h.events = [h.events[j][1] for j in order]
         out.append(h)
     return out
 

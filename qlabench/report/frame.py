@@ -86,6 +86,14 @@ def check_results(data: Any, label: str = "<results>") -> dict:
         missing = [k for k in REQUIRED_ROW_FIELDS if k not in row]
         if missing:
             raise ResultsError(f"{label}: rows[{i}] lacks {', '.join(missing)}")
+    try:  # the suite's own validator, when present, is the authority on the schema
+        from qlabench.results import validate
+    except ImportError:
+        return data
+    try:
+        validate(data, label)
+    except ValueError as exc:
+        raise ResultsError(str(exc)) from exc
     return data
 
 

@@ -159,8 +159,7 @@ def plot_heatmap(report: Report, table: PhaseTable, peer: str, path: Path) -> Pa
     logs = np.log2(grid)
     span = max(float(np.nanmax(np.abs(logs))), 0.1)
     fig, ax = plt.subplots(figsize=(max(5.0, 1.0 * len(patterns) + 2.5), max(2.6, 0.55 * len(presets) + 1.8)))
-    cmap = plt.get_cmap("RdBu").copy()
-    cmap.set_bad("0.85")
+    cmap = plt.get_cmap("RdBu").with_extremes(bad="0.85")
     im = ax.imshow(np.ma.masked_invalid(logs), cmap=cmap, norm=TwoSlopeNorm(0.0, -span, span), aspect="auto")
     for i in range(len(presets)):
         for j in range(len(patterns)):

@@ -1,0 +1,110 @@
+"""Report tables on a synthetic results file: values, grouping, status words, formats."""
+
+import csv
+import io
+import json
+
+import pytest
+
+from qlabench.report import ResultsError, build_report, format_h200_tables, render
+from qlabench.report.synthetic import demo_results, make_results, make_row
+
+
+def _table_lines(text: str, title: str) -> list[str]:
+    block = text.split(f">>> {title} BENCHMARKS", 1)[1]
+    block = block.split("====", 1)[0]
+    return block.splitlines()[3:]  # after header and rule
+
+
+def test_forward_table_values_and_speedups():
+    text = format_h200_tables(demo_results())
+    assert "GPU: NVIDIA H200" in text and "Timer=cudagraph" in text and "Warmup=10" in text
+    assert "fla: 0.6.0" in text and "flash_qla: 0.1.3" in text
+    head = next(ln for ln in text.splitlines() if ln.startswith("Model Config"))
+    assert "qla [fwd]" in head and "vs fla" in head and "vs flash_qla" in head
+    row = next(ln for ln in text.splitlines() if ln.startswith("2B/0.8B TP1") and "1x32768" in ln)
+    cells = row.split()
+    # qla 0.378, fla 1.231 -> 1.231 / 0.378 = 3.2566 -> "3.26x"; flash_qla 0.380 / 0.378 -> 1.01x
+    assert cells[5:10] == ["0.378ms", "1.231ms", "0.380ms", "3.26x", "1.01x"]
+
+
+def test_presets_grouped_with_blank_lines():
+    lines = _table_lines(format_h200_tables(demo_results()), "FORWARD")
+    blank = [i for i, ln in enumerate(lines) if not ln.strip()]
+    first_group = lines[: blank[0]]
+    assert all(ln.startswith("2B/0.8B TP1") for ln in first_group) and len(first_group) == 5
+    assert lines[blank[0] + 1].startswith("35B/9B/4B TP1")
+
+
+def test_status_words_never_numbers_and_excluded_from_speedups():
+    text = format_h200_tables(demo_results())
+    row = next(ln for ln in text.splitlines() if "1x2048" in ln).split()
+    # qla incorrect (it has a time, 0.050, which must not show), flash_qla error
+    assert row[5] == "incorrect" and row[7] == "error" and "0.050ms" not in text
+    assert row[8] == "-" and row[9] == "-"
+    bwd = _table_lines(text, "BACKWARD")
+    assert all("unavailable" in ln for ln in bwd if ln.strip())
+    first = bwd[0].split()
+    assert first[:5] == ["hk16_hv16", "32k_1seq", "16", "16", "1"]
+    assert first[8] == f"{3.558 / 0.95:.2f}x"
+
+
+def test_backward_single_peer_uses_speedup_header():
+    text = format_h200_tables(demo_results(), peers=["fla"])
+    head = next(ln for ln in text.splitlines() if ln.startswith("Model Config") and "SeqLen" in ln)
+    assert "Speedup" in head.split() and "vs fla" not in head and "#seq" in head
+
+
+def test_subject_default_and_override():
+    assert build_report(demo_results()).subject == "qla"
+    rows = [make_row("fwd", 2, 8, "1x8192", "fla", 0.3), make_row("fwd", 2, 8, "1x8192", "qla", 0.2,
+                                                                      status="incorrect")]
+    assert build_report(make_results(rows)).subject == "fla"  # qla has no ok row
+    text = format_h200_tables(demo_results(), subject="fla", peers=["qla"])
+    row = next(ln for ln in text.splitlines() if ln.startswith("2B/0.8B TP1") and "1x32768" in ln)
+    assert row.split()[-3] == f"{0.378 / 1.231:.2f}x"
+
+
+def test_bad_subject_and_bad_file(tmp_path):
+    with pytest.raises(ValueError, match="'nope'"):
+        build_report(demo_results(), subject="nope")
+    p = tmp_path / "x.json"
+    p.write_text(json.dumps({"schema": "other/1", "rows": []}))
+    with pytest.raises(ResultsError, match="other/1"):
+        build_report([str(p)])
+
+
+def test_roofline_columns_only_for_known_gpu():
+    text = format_h200_tables(demo_results())
+    row = next(ln for ln in text.splitlines() if ln.startswith("2B/0.8B TP1") and "1x32768" in ln)
+    # fwd (16,16) T=32768: 86.97 GFLOP / 0.378 ms = 230.1 TFLOP/s; floor 126.3 us -> 2.99x
+    assert row.split()[-2:] == ["230.1", "2.99x"]
+    other = format_h200_tables(demo_results("Some Future GPU"))
+    assert "TFLOP/s" not in other and "no peak figures for GPU 'Some Future GPU'" in other
+
+
+def test_markdown_csv_html_carry_the_same_content():
+    rep = build_report(demo_results())
+    md = render(rep, "md")
+    assert "| 2B/0.8B TP1 | 1x32768 | 16 | 16 | 0.378ms | 1.231ms | 0.380ms | 3.26x | 1.01x |" in md
+    assert "### Summary: qla vs peers (fwd)" in md and "| overall | fla | 8 |" in md
+    rows = list(csv.DictReader(io.StringIO(render(rep, "csv"))))
+    r = next(x for x in rows if x["phase"] == "fwd" and x["pattern"] == "1x32768" and x["h_v"] == "16")
+    assert r["qla_ms"] == "0.378" and float(r["vs_fla"]) == pytest.approx(1.231 / 0.378, rel=1e-3)
+    bad = next(x for x in rows if x["pattern"] == "1x2048")
+    assert bad["qla_ms"] == "incorrect" and bad["vs_fla"] == ""
+    html = render(rep, "html")
+    assert "<table>" in html and "incorrect" in html and "3.26x" in html
+
+
+def test_several_files_combine(tmp_path):
+    r = demo_results()
+    fwd = make_results([x for x in r["rows"] if x["phase"] == "fwd"])
+    bwd = make_results([x for x in r["rows"] if x["phase"] == "bwd"])
+    paths = []
+    for name, doc in (("f.json", fwd), ("b.json", bwd)):
+        (tmp_path / name).write_text(json.dumps(doc))
+        paths.append(str(tmp_path / name))
+    text = format_h200_tables(paths)
+    assert ">>> FORWARD BENCHMARKS" in text and ">>> BACKWARD BENCHMARKS" in text
+    assert build_report(paths, phases=["bwd"]).tables[0].phase == "bwd"

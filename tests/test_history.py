@@ -1,0 +1,81 @@
+"""Step detection and attribution on a constructed history."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from qlabench.cli import main
+from qlabench.history import build_history, detect_steps, load_runs
+from qlabench.report.synthetic import make_results, make_row
+
+
+def test_detect_sustained_step_ignores_outlier():
+    series = [1.00, 1.01, 0.99, 1.30, 1.00, 1.00, 1.20, 1.21, 1.19, 1.20]
+    steps = detect_steps(series, [0.01] * len(series))
+    assert [(s.index, s.confirmed) for s in steps] == [(6, True)]
+    assert steps[0].change == pytest.approx(0.20, abs=0.01)
+
+
+def test_detect_unconfirmed_and_noise_threshold():
+    steps = detect_steps([1.0, 1.0, 1.0, 1.0, 1.3])
+    assert [(s.index, s.confirmed) for s in steps] == [(4, False)]
+    # a 10% shift inside 5% dispersion (threshold 3 x 5% = 15%) is not a step
+    assert detect_steps([1.0, 1.0, 1.1, 1.1, 1.1], [0.05] * 5) == []
+    assert [s.index for s in detect_steps([1.0, 1.0, 1.1, 1.1, 1.1], [0.005] * 5)] == [2]
+    assert [s.index for s in detect_steps([1.0, None, 1.0, 0.8, 0.8])] == [3]
+
+
+def _history_dir(tmp_path):
+    # runs 0-2 baseline; run 3: fla 0.6.0 -> 0.7.0 and fla gets faster (baseline moved);
+    # runs 5-6: our own time goes up 20% with no version change (we regressed).
+    qla = [1.0, 1.0, 1.0, 1.0, 1.0, 1.2, 1.2]
+    fla = [3.0, 3.0, 3.0, 2.4, 2.4, 2.4, 2.4]
+    for i, (q, f) in enumerate(zip(qla, fla)):
+        ver = "0.6.0" if i < 3 else "0.7.0"
+        rows = [make_row("fwd", 16, 16, "1x32768", "qla", q, backend_version="0.1.0"),
+                make_row("fwd", 16, 16, "1x32768", "fla", f, backend_version=ver),
+                make_row("fwd", 2, 8, "1x8192", "qla", 0.2), make_row("fwd", 2, 8, "1x8192", "fla", 0.5)]
+        doc = make_results(rows, timestamp=f"2026-12-0{i + 1}T00:00:00Z", git_commit=f"c{i}",
+                           versions={"fla": ver})
+        d = tmp_path / f"run{i}"
+        d.mkdir()
+        (d / "results.json").write_text(json.dumps(doc))
+    (tmp_path / "notes.json").write_text("{}")  # not a results file: skipped
+    return tmp_path
+
+
+def test_history_attribution(tmp_path):
+    runs = load_runs(_history_dir(tmp_path))
+    assert [r.commit for r in runs] == [f"c{i}" for i in range(7)]
+    hist = build_history(runs, cfg=["hk16_hv16"])
+    assert len(hist) == 1
+    h = hist[0]
+    assert h.ratios["fla"][0] == pytest.approx(3.0) and h.ratios["fla"][-1] == pytest.approx(2.0)
+    assert sorted(h.step_runs) == [3, 5]
+    text = " | ".join(h.events)
+    assert "baseline moved (fla 0.6.0 -> 0.7.0)" in text
+    assert "we regressed" in text and "+20.0%" in text
+    quiet = build_history(runs, cfg=["hk2_hv8"])[0]
+    assert quiet.events == [] and quiet.step_runs == []
+
+
+def test_history_cli_and_plot(tmp_path):
+    d = _history_dir(tmp_path)
+    out = tmp_path / "hist.png"
+    r = CliRunner().invoke(main, ["history", str(d), "--cfg", "1x32768", "--plot", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "7 runs on NVIDIA H200" in r.output and "<- step" in r.output and "baseline moved" in r.output
+    assert out.stat().st_size > 10_000
+    r = CliRunner().invoke(main, ["history", str(tmp_path / "run0" / "results.json")])
+    assert r.exit_code == 2
+
+
+def test_history_refuses_mixed_gpus(tmp_path):
+    d = _history_dir(tmp_path)
+    doc = make_results([make_row("fwd", 16, 16, "1x32768", "qla", 1.0)], gpu_name="NVIDIA B200")
+    (d / "b200.json").write_text(json.dumps(doc))
+    r = CliRunner().invoke(main, ["history", str(d)])
+    assert r.exit_code == 2 and "mixes GPU models" in r.output
+    r = CliRunner().invoke(main, ["history", str(d), "--gpu", "H200"])
+    assert r.exit_code == 0, r.output
