@@ -86,15 +86,16 @@ def _prepare(q, k, v, g, beta, scale, initial_state, cu_seqlens, state_v_first, 
     return p, q, k, v, g, beta, h0
 
 
-def _assemble(p: Problem, pieces: list[torch.Tensor], width: tuple[int, ...]) -> torch.Tensor:
-    """Concatenates per-sequence token blocks and zero-fills tokens outside every sequence."""
+def _assemble(p: Problem, pieces: list[torch.Tensor], width: tuple[int, ...],
+              like: torch.Tensor) -> torch.Tensor:
+    """Concatenates per-sequence token blocks and zero-fills tokens outside every sequence.
+
+    ``like`` gives dtype and device when every sequence is empty (no pieces to take them from).
+    """
     end = p.seq_bounds[-1][1] if p.seq_bounds else 0
     tail = p.B * p.T - end
-    ref = pieces[0] if pieces else None
-    if tail > 0 or ref is None:
-        dtype = ref.dtype if ref is not None else torch.float64
-        device = ref.device if ref is not None else "cpu"
-        pieces = pieces + [torch.zeros((tail,) + width, dtype=dtype, device=device)]
+    if tail > 0 or not pieces:
+        pieces = pieces + [like.new_zeros((tail,) + width)]
     return torch.cat(pieces, 0).reshape((p.B, p.T) + width)
 
 
@@ -128,7 +129,7 @@ def recurrent_gated_delta_rule_ref(
             S = S + bt * kt[:, :, None] * v[t][:, None, :]
             outs.append(p.scale * torch.einsum("hk,hkv->hv", q[t], S)[None])
         finals.append(S)
-    o = _assemble(p, outs, (p.h_v, p.V))
+    o = _assemble(p, outs, (p.h_v, p.V), like=v)
     final = _finish_state(torch.stack(finals), state_v_first) if output_final_state else None
     return o, final
 
@@ -198,14 +199,14 @@ def _chunk_forward(q, k, v, g, beta, scale, initial_state, cu_seqlens, state_v_f
             gcs.append(extras[0])
             As.append(extras[1])
             hs.append(extras[2])
-    o = _assemble(p, outs, (p.h_v, p.V))
+    o = _assemble(p, outs, (p.h_v, p.V), like=v)
     final = _finish_state(torch.stack(finals), state_v_first)
     if not collect:
         return o, final, None
     h = torch.cat(hs, 0) if hs else q.new_zeros(0, p.h_v, p.K, p.V)
     inter = ChunkIntermediates(
-        g_cumsum=_assemble(p, gcs, (p.h_v,)),
-        A=_assemble(p, As, (p.h_v, chunk_size)),
+        g_cumsum=_assemble(p, gcs, (p.h_v,), like=g),
+        A=_assemble(p, As, (p.h_v, chunk_size), like=k),
         h=_finish_state(h, state_v_first),
         o=o,
         final_state=final,

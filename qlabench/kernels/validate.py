@@ -6,6 +6,7 @@ before any device work is done.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -67,12 +68,12 @@ def sequence_bounds(cu_seqlens, B: int, T: int) -> tuple[tuple[int, int], ...]:
     cu = [int(x) for x in cu_seqlens.tolist()]
     if cu[0] != 0:
         raise ValueError(f"cu_seqlens must start at 0, got {cu[0]} (cu_seqlens={cu})")
-    for a, b in zip(cu[:-1], cu[1:]):
+    for a, b in itertools.pairwise(cu):
         if b < a:
             raise ValueError(f"cu_seqlens must be non-decreasing, got {cu}")
     if cu[-1] > T:
         raise ValueError(f"cu_seqlens ends at {cu[-1]}, beyond the token count T={T}")
-    return tuple(zip(cu[:-1], cu[1:]))
+    return tuple(itertools.pairwise(cu))
 
 
 def validate(
