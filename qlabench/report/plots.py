@@ -181,8 +181,12 @@ def plot_heatmap(report: Report, table: PhaseTable, peer: str, path: Path) -> Pa
     ax.set_xlabel("sequence-length pattern")
     ax.set_ylabel("head preset")
     cbar = fig.colorbar(im, ax=ax)
-    ticks = [t for t in (-3, -2, -1, 0, 1, 2, 3) if abs(t) <= span]
-    cbar.set_ticks(ticks, labels=[f"{2.0**t:g}x" for t in ticks])
+    if span >= 1:
+        ticks = [t for t in (-3, -2, -1, 0, 1, 2, 3) if abs(t) <= span]
+        cbar.set_ticks(ticks, labels=[f"{2.0**t:g}x" for t in ticks])
+    else:  # small spread: label a few fractional steps instead of powers of two
+        ticks = list(np.linspace(-span, span, 5))
+        cbar.set_ticks(ticks, labels=[f"{2.0**t:.2f}x" for t in ticks])
     cbar.set_label(f"speedup of {table.subject} over {peer} (x)")
     ax.set_title(
         f"{_gpu(report)}: {_PHASE_WORD[table.phase]} speedup, {table.subject} vs {peer}", fontsize=10
