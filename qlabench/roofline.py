@@ -129,6 +129,8 @@ def find_gpu(gpu_name: str | None) -> GpuPeak | None:
 
 
 def unknown_gpu_note(gpu_name: str | None) -> str:
+    if not gpu_name:
+        return "roofline: the results name no GPU; roofline columns omitted"
     known = ", ".join(p.name for p in GPU_PEAKS)
     return f"roofline: no peak figures for GPU {gpu_name!r} (known: {known}); roofline columns omitted"
 

@@ -254,7 +254,7 @@ def table_cells(table: PhaseTable, line: Line, unit: bool = True) -> list[str]:
 
 def header_lines(report: Report) -> list[str]:
     env, run = report.collected.env, report.collected.run
-    gpu = env.get("gpu_name") or "unknown GPU"
+    gpu = env.get("gpu_name") or (f"none (device {env['device']})" if env.get("device") else "unknown GPU")
     bits = []
     if env.get("sm_count"):
         bits.append(f"{env['sm_count']} SMs")
