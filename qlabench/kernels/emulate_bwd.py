@@ -248,3 +248,95 @@ def emulate_chunk_gated_delta_rule_bwd(
     if initial_state is None:
         return dq, dk, dv, dbeta, dg, None
     return dq, dk, dv, dbeta, dg, (_t(dh0) if state_v_first else dh0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernel twins: the same per-chunk math behind the exact argument lists of the compiled kernels
+# (flattened token axis, chunk tables, output buffers written in place). ``backward._bwd_impl``
+# runs with these on the CPU, which checks the host side (tables, layouts, indexing, GQA sums,
+# padding) and each kernel's indexing without a GPU. Operands are staged in the buffers' dtype.
+
+
+def _expand_heads(x: torch.Tensor, h_v: int) -> torch.Tensor:
+    """`[T, H_qk, D]` -> `[T, H_v, D]` float64 (v-head h reads qk-head h // group)."""
+    return x.to(F64).repeat_interleave(h_v // x.shape[1], 1)
+
+
+def twin_bwd_h(k, v, g_cumsum, beta, A, cu_seqlens, chunk_offsets, h0, h_out):
+    C, H = A.shape[-1], v.shape[1]
+    st = _Stager(h_out.dtype)
+    kf, vf, gf, bf, Af = _expand_heads(k, H), v.to(F64), g_cumsum.to(F64), beta.to(F64), A.to(F64)
+    cu, off = cu_seqlens.tolist(), chunk_offsets.tolist()
+    for n in range(len(cu) - 1):
+        S = h0[n].to(F64)
+        for c, t0 in enumerate(range(cu[n], cu[n + 1], C)):
+            end = min(t0 + C, cu[n + 1])
+            _, b, _, r, gC, _ = _chunk_gates(gf, bf, t0, end, C)
+            S_s, S = _emu_h(S, _chunk_rows(kf, t0, end, C), _chunk_rows(vf, t0, end, C),
+                            _chunk_rows(Af, t0, end, C), b, r, gC, st)
+            h_out[off[n] + c] = S_s.to(h_out.dtype)
+
+
+def twin_bwd_dh(q, k, do, g_cumsum, beta, A, cu_seqlens, chunk_offsets, dht, dh_out, dvp_out, dv_out,
+                dh0_out, scale):
+    C, H = A.shape[-1], do.shape[1]
+    st = _Stager(dh_out.dtype)
+    qf, kf, dof = _expand_heads(q, H), _expand_heads(k, H), do.to(F64)
+    gf, bf, Af = g_cumsum.to(F64), beta.to(F64), A.to(F64)
+    cu, off = cu_seqlens.tolist(), chunk_offsets.tolist()
+    for n in range(len(cu) - 1):
+        dS = dht[n].to(F64)
+        starts = list(range(cu[n], cu[n + 1], C))
+        for c in reversed(range(len(starts))):
+            t0 = starts[c]
+            end = min(t0 + C, cu[n + 1])
+            _, b, e, r, gC, Gam = _chunk_gates(gf, bf, t0, end, C)
+            dS_s, dVp, dW, dS = _emu_dh(dS, _chunk_rows(qf, t0, end, C), _chunk_rows(kf, t0, end, C),
+                                        _chunk_rows(dof, t0, end, C), _chunk_rows(Af, t0, end, C),
+                                        b, e, r, gC, Gam, scale, st)
+            dh_out[off[n] + c] = dS_s.to(dh_out.dtype)
+            dvp_out[t0:end] = dVp.movedim(0, 1)[: end - t0].to(dvp_out.dtype)
+            dv_out[t0:end] = dW.movedim(0, 1)[: end - t0].to(dv_out.dtype)
+        dh0_out[n] = dS.to(dh0_out.dtype)
+
+
+def twin_bwd_state(k, v, do, dvp, dv, g_cumsum, beta, A, h, dh, chunk_bounds, dAg_out, dPg_out, dq0_out,
+                   dk0_out, dgam0_out, scale):
+    C, H = A.shape[-1], v.shape[1]
+    st = _Stager(h.dtype)
+    kf, vf, dof, dvpf, dvf = _expand_heads(k, H), v.to(F64), do.to(F64), dvp.to(F64), dv.to(F64)
+    gf, bf, Af = g_cumsum.to(F64), beta.to(F64), A.to(F64)
+    for c, (t0, end) in enumerate(chunk_bounds.tolist()):
+        if t0 >= end:
+            continue
+        _, b, e, r, gC, Gam = _chunk_gates(gf, bf, t0, end, C)
+        outs = _emu_state(_chunk_rows(kf, t0, end, C), _chunk_rows(vf, t0, end, C),
+                          _chunk_rows(dof, t0, end, C), _chunk_rows(dvpf, t0, end, C),
+                          _chunk_rows(dvf, t0, end, C), _chunk_rows(Af, t0, end, C), h[c].to(F64),
+                          dh[c].to(F64), b, e, r, gC, Gam, end - t0 - 1, scale, st)
+        for buf, x in zip((dAg_out, dPg_out, dq0_out, dk0_out, dgam0_out), outs):
+            buf[t0:end] = x.movedim(0, 1)[: end - t0].to(buf.dtype)
+
+
+def twin_bwd_intra(q, k, g_cumsum, beta, A, dAg, dPg, dq0, dk0, dgam0, chunk_bounds, dq_out, dk_out,
+                   dbeta_out, dg_out, scale):
+    C, H = A.shape[-1], A.shape[1]
+    st = _Stager(q.dtype)
+    qf, kf = _expand_heads(q, H), _expand_heads(k, H)
+    gf, bf, Af = g_cumsum.to(F64), beta.to(F64), A.to(F64)
+    for c, (t0, end) in enumerate(chunk_bounds.tolist()):
+        if t0 >= end:
+            continue
+        _, b, _, _, _, Gam = _chunk_gates(gf, bf, t0, end, C)
+
+        def rows(x, t0=t0, end=end):
+            return _chunk_rows(x.to(F64), t0, end, C)
+
+        outs = _emu_intra(rows(qf), rows(kf), rows(Af), rows(dAg), rows(dPg), rows(dq0), rows(dk0),
+                          rows(dgam0), b, Gam, scale, st)
+        for buf, x in zip((dq_out, dk_out, dbeta_out, dg_out), outs):
+            buf[t0:end] = x.movedim(0, 1)[: end - t0].to(buf.dtype)
+
+
+KERNEL_TWINS = {"bwd_h": twin_bwd_h, "bwd_dh": twin_bwd_dh, "bwd_state": twin_bwd_state,
+                "bwd_intra": twin_bwd_intra}

@@ -1,0 +1,235 @@
+"""Low-level backward: h recompute -> reverse dh pass -> per-chunk state grads -> per-chunk intra grads.
+
+Four launches (Hopper, ``hopper/bwd_*.py``), then GQA group sums of dq, dk in fp32 and the zero
+padding tail. The math of each kernel, step for step, is in ``emulate_bwd.py``:
+
+    bwd_h      grid (V / BV, N * H_v)  forward over chunks: h (state at every chunk start)
+    bwd_dh     grid (V / BV, N * H_v)  reverse over chunks: dh (state grad at every chunk end), dv, dV', dh0
+    bwd_state  grid (NCmax, H_v)       per chunk, full V: dAg, dPg, dq0, dk0, dgam0 (fp32)
+    bwd_intra  grid (NCmax, H_v)       per chunk: dq, dk (per v-head, fp32), dbeta, dg (raw gate)
+
+Kernels keep every state in the `[K, V]` layout; for ``state_v_first`` the host transposes the
+per-sequence h0 / dht / dh0 (small), so one compiled kernel set serves both layouts. Nothing here
+syncs with the host (chunk tables are built on the device).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .dispatch import arch_by_name, arch_for_device
+from .validate import validate
+
+__all__ = ["chunk_gated_delta_rule_bwd", "compile_backward_kernels"]
+
+_DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+_HEAD_DIM = 128
+# V tile of the two chunk-recurrence kernels (bwd_h, bwd_dh).
+_BV = 64
+
+
+def _alloc(shape, dtype, device) -> torch.Tensor:
+    """Every output and intermediate buffer comes from here (tests swap in a NaN-filled version)."""
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def _chunk_tables(cu: torch.Tensor, n_tok: int, C: int):
+    """(chunk_offsets `[N + 1]`, chunk_bounds `[NCmax, 2]`, NCmax) for int32 boundaries ``cu``.
+
+    Sequence n owns chunks chunk_offsets[n] .. chunk_offsets[n + 1] - 1; chunk i covers tokens
+    chunk_bounds[i] = (start, end). NCmax = ceil(n_tok / C) + N bounds the real chunk count; the
+    rows past it are (0, 0) and their blocks do nothing.
+    """
+    cu = cu.to(torch.int64)
+    N = cu.numel() - 1
+    n_chunks = (cu[1:] - cu[:-1] + C - 1) // C
+    offsets = torch.zeros(N + 1, dtype=torch.int64, device=cu.device)
+    offsets[1:] = torch.cumsum(n_chunks, 0)
+    ncmax = -(-n_tok // C) + N
+    idx = torch.arange(ncmax, device=cu.device)
+    seq = torch.searchsorted(offsets[1:], idx, right=True).clamp_(max=N - 1)
+    start = cu[seq] + C * (idx - offsets[seq])
+    end = torch.minimum(start + C, cu[seq + 1])
+    valid = idx < offsets[-1]
+    bounds = torch.stack([torch.where(valid, start, 0), torch.where(valid, end, 0)], 1)
+    return offsets.to(torch.int32).contiguous(), bounds.to(torch.int32).contiguous(), ncmax
+
+
+def _dtype_name(dtype) -> str:
+    if isinstance(dtype, str) and dtype in _DTYPE_NAMES.values():
+        return dtype
+    if dtype in _DTYPE_NAMES:
+        return _DTYPE_NAMES[dtype]
+    raise TypeError(f"the backward kernels take bfloat16 or float16, got {dtype!r}")
+
+
+def _arch_name(target) -> str:
+    """An arch name ('sm90'), or an explicit target dict ({'kind': 'cuda', 'arch': 'sm_90a'})."""
+    if isinstance(target, dict):
+        for name in ("sm90", "sm100", "sm120"):
+            if arch_by_name(name).target == target:
+                return name
+        raise ValueError(f"no qlabench architecture has the target {target!r}")
+    if not isinstance(target, str):
+        raise TypeError(f"target must be an arch name or a target dict, got {type(target).__name__}")
+    return arch_by_name(target).name
+
+
+def _kernels(h_qk: int, h_v: int, dtype: str, arch: str) -> dict:
+    """The four compiled kernels of one configuration (each factory is lru_cached)."""
+    a = arch_by_name(arch)
+    if a.name != "sm90":
+        raise ValueError(f"backward kernels exist for sm90 only, got {a.name}")
+    from .hopper.bwd_dh import bwd_dh_kernel
+    from .hopper.bwd_h import bwd_h_kernel
+    from .hopper.bwd_intra import bwd_intra_kernel
+    from .hopper.bwd_state import bwd_state_kernel
+
+    K = V = _HEAD_DIM
+    C = a.chunk_size
+    return {
+        "bwd_h": bwd_h_kernel(h_qk, h_v, K, V, _BV, C, dtype, a.name),
+        "bwd_dh": bwd_dh_kernel(h_qk, h_v, K, V, _BV, C, dtype, a.name),
+        "bwd_state": bwd_state_kernel(h_qk, h_v, K, V, C, dtype, a.name),
+        "bwd_intra": bwd_intra_kernel(h_qk, h_v, K, C, dtype, a.name),
+    }
+
+
+def compile_backward_kernels(h_qk, h_v, scale=None, dtype="bfloat16", state_v_first=False, target="sm90"):
+    """Compiles every backward kernel of one configuration for ``target`` (no GPU needed).
+
+    ``scale`` and ``state_v_first`` do not specialise the kernels (scale is a runtime argument, the
+    host transposes states) and are accepted for a uniform signature. The older positional form
+    ``(h_qk, h_v, dtype, state_v_first, target)`` is also accepted.
+
+    Returns:
+        {kernel name: compiled TileLang kernel}.
+    """
+    if isinstance(scale, (str, torch.dtype)):  # (h_qk, h_v, dtype, state_v_first, target)
+        scale, dtype, state_v_first, target = None, scale, dtype, state_v_first
+    for name, x in (("h_qk", h_qk), ("h_v", h_v)):
+        if not isinstance(x, int) or isinstance(x, bool) or x < 1:
+            raise ValueError(f"{name} must be a positive int, got {x!r}")
+    if h_v % h_qk:
+        raise ValueError(f"H_v must be a multiple of H_qk, got H_v={h_v}, H_qk={h_qk}")
+    if scale is not None and (not isinstance(scale, (int, float)) or not scale > 0):
+        raise ValueError(f"scale must be a positive float or None, got {scale!r}")
+    if not isinstance(state_v_first, bool):
+        raise TypeError(f"state_v_first must be a bool, got {state_v_first!r}")
+    return _kernels(h_qk, h_v, _dtype_name(dtype), _arch_name(target))
+
+
+def _check_inputs(q, k, v, g_cumsum, beta, A, do, dht, scale, initial_state, cu_seqlens, state_v_first,
+                  C: int):
+    p = validate(q, k, v, g_cumsum, beta, scale, initial_state, cu_seqlens, state_v_first, for_kernels=True)
+    if g_cumsum.dtype != torch.float32:
+        raise TypeError(f"g_cumsum must be float32, got {g_cumsum.dtype}")
+    for name, x, shape in (("A", A, (p.B, p.T, p.h_v, C)), ("do", do, (p.B, p.T, p.h_v, p.V))):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if tuple(x.shape) != shape:
+            raise ValueError(f"{name} must have shape {shape}, got {tuple(x.shape)}")
+        if x.dtype != q.dtype:
+            raise TypeError(f"{name} must have q's dtype {q.dtype}, got {x.dtype}")
+        if x.device != q.device:
+            raise ValueError(f"{name} is on {x.device}, q on {q.device}")
+    if dht is not None:
+        if not isinstance(dht, torch.Tensor):
+            raise TypeError(f"dht must be a torch.Tensor or None, got {type(dht).__name__}")
+        want = (p.N, p.h_v, p.V, p.K) if state_v_first else (p.N, p.h_v, p.K, p.V)
+        if tuple(dht.shape) != want:
+            raise ValueError(f"dht must have shape {want}, got {tuple(dht.shape)}")
+        if dht.device != q.device:
+            raise ValueError(f"dht is on {dht.device}, q on {q.device}")
+    return p
+
+
+def chunk_gated_delta_rule_bwd(q, k, v, g_cumsum, beta, A, do, dht=None, scale=None, initial_state=None,
+                               cu_seqlens=None, state_v_first=False):
+    """Backward kernels without autograd (Hopper).
+
+    Args:
+        q, k: `[B, T, H_qk, 128]` bf16/fp16. v, do: `[B, T, H_v, 128]` (q's dtype).
+        g_cumsum: `[B, T, H_v]` fp32 in-chunk cumulative log-gate (from the forward).
+        beta: `[B, T, H_v]`. A: `[B, T, H_v, C]` gate-free inverse from the forward (q's dtype).
+        dht: gradient of the final state, `[N, H_v, K, V]` (`[N, H_v, V, K]` with ``state_v_first``)
+            or None (zero).
+        initial_state: like dht, or None.
+        cu_seqlens: `[N + 1]` int32/int64 boundaries of packed sequences (B must be 1) or None.
+
+    Returns:
+        (dq `[B, T, H_qk, K]`, dk `[B, T, H_qk, K]`, dv `[B, T, H_v, V]` in q's dtype,
+         dbeta `[B, T, H_v]` in beta's dtype, dg `[B, T, H_v]` fp32 for the raw gate,
+         dh0 in initial_state's layout and dtype, or None without initial_state).
+        Every gradient is zero on the padding tail after cu_seqlens[-1].
+    """
+    arch = arch_for_device(q.device)
+    p = _check_inputs(q, k, v, g_cumsum, beta, A, do, dht, scale, initial_state, cu_seqlens,
+                      state_v_first, arch.chunk_size)
+    kernels = _kernels(p.h_qk, p.h_v, _DTYPE_NAMES[q.dtype], arch.name)
+    return _bwd_impl(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, state_v_first,
+                     arch.chunk_size, kernels)
+
+
+def _bwd_impl(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, state_v_first, C,
+              kernels):
+    """Runs the four kernels (``kernels`` maps names to callables with the compiled signatures)."""
+    dev, dtype = q.device, q.dtype
+    BT, H, G = p.B * p.T, p.h_v, p.group
+    f32 = torch.float32
+    q2 = q.reshape(BT, p.h_qk, p.K).contiguous()
+    k2 = k.reshape(BT, p.h_qk, p.K).contiguous()
+    v2 = v.reshape(BT, H, p.V).contiguous()
+    do2 = do.reshape(BT, H, p.V).contiguous()
+    g2 = g_cumsum.reshape(BT, H).contiguous()
+    b2 = beta.reshape(BT, H).to(f32).contiguous()
+    A2 = A.reshape(BT, H, C).contiguous()
+    if cu_seqlens is None:
+        cu = torch.arange(0, (p.B + 1) * p.T, p.T, dtype=torch.int32, device=dev)
+    else:
+        cu = cu_seqlens.to(dev, torch.int32).contiguous()
+    offsets, bounds, ncmax = _chunk_tables(cu, BT, C)
+
+    def state_in(x):
+        if x is None:
+            return torch.zeros(p.N, H, p.K, p.V, dtype=f32, device=dev)
+        return (x.transpose(-1, -2) if state_v_first else x).to(f32).contiguous()
+
+    h0, dht2 = state_in(initial_state), state_in(dht)
+
+    h = _alloc((ncmax, H, p.K, p.V), dtype, dev)
+    kernels["bwd_h"](k2, v2, g2, b2, A2, cu, offsets, h0, h)
+
+    dh = _alloc((ncmax, H, p.K, p.V), dtype, dev)
+    dvp = _alloc((BT, H, p.V), dtype, dev)
+    dv = _alloc((BT, H, p.V), dtype, dev)
+    dh0 = _alloc((p.N, H, p.K, p.V), f32, dev)
+    kernels["bwd_dh"](q2, k2, do2, g2, b2, A2, cu, offsets, dht2, dh, dvp, dv, dh0, p.scale)
+
+    dAg = _alloc((BT, H, C), f32, dev)
+    dPg = _alloc((BT, H, C), f32, dev)
+    dq0 = _alloc((BT, H, p.K), f32, dev)
+    dk0 = _alloc((BT, H, p.K), f32, dev)
+    dgam0 = _alloc((BT, H), f32, dev)
+    kernels["bwd_state"](k2, v2, do2, dvp, dv, g2, b2, A2, h, dh, bounds, dAg, dPg, dq0, dk0, dgam0, p.scale)
+    del h, dh, dvp
+
+    dq_v = _alloc((BT, H, p.K), f32, dev)
+    dk_v = _alloc((BT, H, p.K), f32, dev)
+    dbeta = _alloc((BT, H), f32, dev)
+    dg = _alloc((BT, H), f32, dev)
+    kernels["bwd_intra"](q2, k2, g2, b2, A2, dAg, dPg, dq0, dk0, dgam0, bounds, dq_v, dk_v, dbeta, dg, p.scale)
+
+    tail = torch.arange(BT, device=dev) >= cu[-1]
+    if G > 1:
+        dq_v = dq_v.view(BT, p.h_qk, G, p.K).sum(2)
+        dk_v = dk_v.view(BT, p.h_qk, G, p.K).sum(2)
+    dq = dq_v.masked_fill(tail[:, None, None], 0).to(dtype).reshape(p.B, p.T, p.h_qk, p.K)
+    dk = dk_v.masked_fill(tail[:, None, None], 0).to(dtype).reshape(p.B, p.T, p.h_qk, p.K)
+    dv = dv.masked_fill(tail[:, None, None], 0).reshape(p.B, p.T, H, p.V)
+    dbeta = dbeta.masked_fill(tail[:, None], 0).to(beta.dtype).reshape(p.B, p.T, H)
+    dg = dg.masked_fill(tail[:, None], 0).reshape(p.B, p.T, H)
+    if initial_state is None:
+        return dq, dk, dv, dbeta, dg, None
+    dh0 = (dh0.transpose(-1, -2) if state_v_first else dh0).to(initial_state.dtype).contiguous()
+    return dq, dk, dv, dbeta, dg, dh0

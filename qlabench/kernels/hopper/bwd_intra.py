@@ -1,0 +1,175 @@
+"""bwd_intra: per-chunk C x C gradients (decay masks, WY inverse) and the final dq, dk, dbeta, dg.
+
+Formula per chunk (inputs dAg, dPg, dq0, dk0, dgam0 from bwd_state; A = gate-free A_k;
+Gam[i, j] = exp(gam_i - gam_j) for j <= i else 0):
+
+    P   = Q K^T;  KK = K K^T
+    dAb = Gam .* dAg;  dA = dAb .* beta_col;  dP = scale Gam .* dPg
+    X   = (scale Gam .* P) .* dPg + dAb .* A .* beta_col          (kept fp32 in shared memory)
+    dL  = -strict_lower(A^T dA A^T);  dM = diag(beta) dL;  dAs = dM + dM^T
+    dq  = dq0 + dP K                                         (fp32, per v-head; host sums GQA groups)
+    dk  = dk0 + dP^T Q + dAs K
+    dbeta_t = colsum(dAb .* A)_t + rowsum(dL .* KK)_t
+    dgam = dgam0 + rowdot(Q, dq0) + rowsum(X) - colsum(X)
+    dg_t = sum_{s >= t in the chunk} dgam_s                  (the raw gate's gradient)
+
+The mask term rowsum(X) - colsum(X) is a cancellation under strong decay, so X goes through the
+transpose in fp32 (never bf16). Column sums are formed as row sums of a transposed shared tile
+(every reduction is along the last dimension).
+
+Grid: (NCmax chunks, H_v); unused chunk-table rows (start == end) do nothing. Threads: 256.
+GEMMs per chunk (wgmma, smem operands, fp32 accumulate): Q K^T, K K^T 64x64x128, A^T dA and
+T1 A^T 64x64x64, dP K, dP^T Q, dAs K 64x128x64.
+Shared memory: Q, K 2 x 16 KB bf16; A, dA, dP, T1, dAs 5 x 8 KB bf16; X, Y, dM 3 x 16 KB fp32;
+vectors ~1.5 KB: ~122 KB.
+scale is a runtime argument (one compiled kernel serves every scale).
+Emulated step for step by ``qlabench.kernels.emulate_bwd._emu_intra``.
+"""
+
+import functools
+
+import tilelang.language as T
+
+from .bwd_common import compile_bwd
+
+
+@functools.cache
+def bwd_intra_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str):
+    group = h_v // h_qk
+    n_tok = T.dynamic("n_tok")
+    n_chunks = T.dynamic("n_chunks")
+
+    @T.prim_func
+    def bwd_intra(
+        q: T.Tensor((n_tok, h_qk, K), dtype),
+        k: T.Tensor((n_tok, h_qk, K), dtype),
+        g_cumsum: T.Tensor((n_tok, h_v), "float32"),
+        beta: T.Tensor((n_tok, h_v), "float32"),
+        A: T.Tensor((n_tok, h_v, C), dtype),
+        dAg: T.Tensor((n_tok, h_v, C), "float32"),
+        dPg: T.Tensor((n_tok, h_v, C), "float32"),
+        dq0: T.Tensor((n_tok, h_v, K), "float32"),
+        dk0: T.Tensor((n_tok, h_v, K), "float32"),
+        dgam0: T.Tensor((n_tok, h_v), "float32"),
+        chunk_bounds: T.Tensor((n_chunks, 2), "int32"),
+        dq_out: T.Tensor((n_tok, h_v, K), "float32"),
+        dk_out: T.Tensor((n_tok, h_v, K), "float32"),
+        dbeta_out: T.Tensor((n_tok, h_v), "float32"),
+        dg_out: T.Tensor((n_tok, h_v), "float32"),
+        scale: T.float32,
+    ):
+        with T.Kernel(n_chunks, h_v, threads=256) as (c, hv):
+            Q_s = T.alloc_shared((C, K), dtype)
+            K_s = T.alloc_shared((C, K), dtype)
+            A_s = T.alloc_shared((C, C), dtype)
+            dA_s = T.alloc_shared((C, C), dtype)
+            dP_s = T.alloc_shared((C, C), dtype)
+            T1_s = T.alloc_shared((C, C), dtype)
+            dAs_s = T.alloc_shared((C, C), dtype)
+            X_s = T.alloc_shared((C, C), "float32")
+            Y_s = T.alloc_shared((C, C), "float32")
+            dM_s = T.alloc_shared((C, C), "float32")
+            gam_s = T.alloc_shared((C,), "float32")
+            beta_s = T.alloc_shared((C,), "float32")
+            dgam_s = T.alloc_shared((C,), "float32")
+            dgq_s = T.alloc_shared((C,), "float32")
+            dgm_s = T.alloc_shared((C,), "float32")
+            dbc_s = T.alloc_shared((C,), "float32")
+            dbr_s = T.alloc_shared((C,), "float32")
+            P_f = T.alloc_fragment((C, C), "float32")
+            KK_f = T.alloc_fragment((C, C), "float32")
+            T1_f = T.alloc_fragment((C, C), "float32")
+            T2_f = T.alloc_fragment((C, C), "float32")
+            tmp_f = T.alloc_fragment((C, C), "float32")
+            dq_f = T.alloc_fragment((C, K), "float32")
+            dk_f = T.alloc_fragment((C, K), "float32")
+            prod_f = T.alloc_fragment((C, K), "float32")
+            red_f = T.alloc_fragment((C,), "float32")
+
+            t0 = chunk_bounds[c, 0]
+            end = chunk_bounds[c, 1]
+            hk = hv // group
+
+            if t0 < end:
+                for i, d in T.Parallel(C, K):
+                    Q_s[i, d] = T.if_then_else(t0 + i < end, q[t0 + i, hk, d], T.cast(0, dtype))
+                    K_s[i, d] = T.if_then_else(t0 + i < end, k[t0 + i, hk, d], T.cast(0, dtype))
+                for i, j in T.Parallel(C, C):
+                    A_s[i, j] = T.if_then_else(t0 + i < end, A[t0 + i, hv, j], T.cast(0, dtype))
+                for i in T.Parallel(C):
+                    gam_s[i] = g_cumsum[T.min(t0 + i, end - 1), hv]
+                    beta_s[i] = T.if_then_else(t0 + i < end, beta[t0 + i, hv], 0.0)
+                    dgam_s[i] = T.if_then_else(t0 + i < end, dgam0[t0 + i, hv], 0.0)
+
+                T.gemm(Q_s, K_s, P_f, transpose_B=True, clear_accum=True)
+                T.gemm(K_s, K_s, KK_f, transpose_B=True, clear_accum=True)
+                for i, j in T.Parallel(C, C):
+                    decay = T.if_then_else(j <= i, T.exp(gam_s[i] - gam_s[j]), 0.0)
+                    dpg = T.if_then_else(t0 + i < end, dPg[t0 + i, hv, j], 0.0)
+                    dab = decay * T.if_then_else(t0 + i < end, dAg[t0 + i, hv, j], 0.0)
+                    X_s[i, j] = scale * decay * P_f[i, j] * dpg + dab * A_s[i, j] * beta_s[j]
+                    Y_s[i, j] = dab * A_s[i, j]
+                    dA_s[i, j] = T.cast(dab * beta_s[j], dtype)
+                    dP_s[i, j] = T.cast(scale * decay * dpg, dtype)
+
+                # dgam mask term rowsum(X) - colsum(X) and dbeta colsum(Y), all fp32.
+                for i, j in T.Parallel(C, C):
+                    tmp_f[i, j] = X_s[i, j] - X_s[j, i]
+                T.reduce_sum(tmp_f, red_f, dim=1)
+                for i in T.Parallel(C):
+                    dgm_s[i] = red_f[i]
+                for i, j in T.Parallel(C, C):
+                    tmp_f[i, j] = Y_s[j, i]
+                T.reduce_sum(tmp_f, red_f, dim=1)
+                for i in T.Parallel(C):
+                    dbc_s[i] = red_f[i]
+
+                # WY inverse: dL = -strict_lower(A^T dA A^T)
+                T.gemm(A_s, dA_s, T1_f, transpose_A=True, clear_accum=True)
+                T.copy(T1_f, T1_s)
+                T.gemm(T1_s, A_s, T2_f, transpose_B=True, clear_accum=True)
+                for i, j in T.Parallel(C, C):
+                    T2_f[i, j] = T.if_then_else(j < i, -T2_f[i, j], 0.0)
+                for i, j in T.Parallel(C, C):
+                    tmp_f[i, j] = T2_f[i, j] * KK_f[i, j]
+                    dM_s[i, j] = beta_s[i] * T2_f[i, j]
+                T.reduce_sum(tmp_f, red_f, dim=1)
+                for i in T.Parallel(C):
+                    dbr_s[i] = red_f[i]
+                for i, j in T.Parallel(C, C):
+                    dAs_s[i, j] = T.cast(dM_s[i, j] + dM_s[j, i], dtype)
+
+                # dq = dq0 + dP K, with rowdot(Q, dq0) for dgam
+                for i, j in T.Parallel(C, K):
+                    dq_f[i, j] = T.if_then_else(t0 + i < end, dq0[t0 + i, hv, j], 0.0)
+                for i, j in T.Parallel(C, K):
+                    prod_f[i, j] = Q_s[i, j] * dq_f[i, j]
+                T.reduce_sum(prod_f, red_f, dim=1)
+                for i in T.Parallel(C):
+                    dgq_s[i] = red_f[i]
+                T.gemm(dP_s, K_s, dq_f)
+                for i, j in T.Parallel(C, K):
+                    if t0 + i < end:
+                        dq_out[t0 + i, hv, j] = dq_f[i, j]
+
+                # dk = dk0 + dP^T Q + dAs K
+                for i, j in T.Parallel(C, K):
+                    dk_f[i, j] = T.if_then_else(t0 + i < end, dk0[t0 + i, hv, j], 0.0)
+                T.gemm(dP_s, Q_s, dk_f, transpose_A=True)
+                T.gemm(dAs_s, K_s, dk_f)
+                for i, j in T.Parallel(C, K):
+                    if t0 + i < end:
+                        dk_out[t0 + i, hv, j] = dk_f[i, j]
+
+                # dg = reverse in-chunk cumsum of dgam; dbeta
+                for i in T.Parallel(C):
+                    dgam_s[i] = dgam_s[i] + dgq_s[i] + dgm_s[i]
+                for i, j in T.Parallel(C, C):
+                    tmp_f[i, j] = T.if_then_else(j >= i, dgam_s[j], 0.0)
+                T.reduce_sum(tmp_f, red_f, dim=1)
+                for i in T.Parallel(C):
+                    if t0 + i < end:
+                        dg_out[t0 + i, hv] = red_f[i]
+                        dbeta_out[t0 + i, hv] = dbc_s[i] + dbr_s[i]
+
+    return compile_bwd(bwd_intra, arch)

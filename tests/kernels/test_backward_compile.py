@@ -1,0 +1,25 @@
+"""The four Hopper backward kernels compile for sm_90a on a machine without a GPU (about 1-2 minutes
+on 2 cores with a cold TileLang cache), with wgmma and with the token count left dynamic."""
+
+from __future__ import annotations
+
+import re
+
+from qlabench.kernels.backward import compile_backward_kernels
+
+SM90A = {"kind": "cuda", "arch": "sm_90a"}
+
+
+def test_compile_backward_kernels_sm90a():
+    kernels = compile_backward_kernels(2, 4, scale=128**-0.5, dtype="bfloat16", state_v_first=False,
+                                       target=SM90A)
+    assert sorted(kernels) == ["bwd_dh", "bwd_h", "bwd_intra", "bwd_state"]
+    for name, kernel in kernels.items():
+        src = kernel.get_kernel_source()
+        assert "wgmma" in src, f"{name}: no wgmma in the generated CUDA"
+        # One kernel for every sequence length: the token count is a runtime argument.
+        assert re.search(r"int\s+n_tok", src), f"{name}: token count is not dynamic"
+    # Same compiled objects for the other layout, scale and the older positional form (lru_cache).
+    again = compile_backward_kernels(2, 4, 0.5, "bfloat16", True, "sm90")
+    assert all(again[n] is kernels[n] for n in kernels)
+    assert compile_backward_kernels(2, 4, "bfloat16", True, SM90A)["bwd_h"] is kernels["bwd_h"]

@@ -1,0 +1,161 @@
+"""The backward's host side and kernel indexing on the CPU, with the kernels' torch twins.
+
+``backward._bwd_impl`` is the exact code path of ``chunk_gated_delta_rule_bwd`` (flattening, chunk
+tables, state layouts, buffer allocation, the four launches, GQA sums, padding tail); here it
+launches ``emulate_bwd.KERNEL_TWINS``, torch functions with the compiled kernels' argument lists that
+stage operands in the buffers' dtype (bf16). Every buffer starts as NaN, so an element a kernel
+should write but does not shows up. The GPU twin of this file is ``test_backward_gpu.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from qlabench.kernels import backward
+from qlabench.kernels.emulate_bwd import KERNEL_TWINS
+from qlabench.kernels.reference import chunk_gated_delta_rule_ref, chunk_intermediates_ref
+from qlabench.kernels.validate import validate
+
+F64 = torch.float64
+NAMES = ("dq", "dk", "dv", "dbeta", "dg", "dh0")
+TOL = 0.02
+
+
+@dataclass(frozen=True)
+class Case:
+    T: int
+    h_qk: int
+    h_v: int
+    B: int = 1
+    cu_seqlens: tuple[int, ...] | None = None
+    h0: bool = False
+    dht: bool = True
+    state_v_first: bool = False
+    gate: str = "bench"
+    seed: int = 0
+
+    @property
+    def id(self) -> str:
+        parts = [f"B{self.B}", f"T{self.T}", f"H{self.h_qk}", f"HV{self.h_v}", self.gate]
+        if self.cu_seqlens is not None:
+            parts.append("varlen")
+        for flag, name in ((self.h0, "h0"), (not self.dht, "nodht"), (self.state_v_first, "vfirst")):
+            if flag:
+                parts.append(name)
+        return "-".join(parts)
+
+
+def problem(case: Case, D: int = 128):
+    """bf16 inputs, the float64 oracle's autograd gradients for them, and the backward's arguments."""
+    gen = torch.Generator().manual_seed(case.seed)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen)
+
+    B, T = case.B, case.T
+    q = F.normalize(randn(B, T, case.h_qk, D), dim=-1).bfloat16()
+    k = F.normalize(randn(B, T, case.h_qk, D), dim=-1).bfloat16()
+    v = randn(B, T, case.h_v, D).bfloat16()
+    beta = torch.sigmoid(randn(B, T, case.h_v))
+    if case.gate == "qwen":
+        a_h = torch.rand(case.h_v, generator=gen) * 16
+        g = -a_h * F.softplus(0.5 * randn(B, T, case.h_v) + 1)
+    else:
+        g = F.logsigmoid(randn(B, T, case.h_v)) / 16
+    N = B if case.cu_seqlens is None else len(case.cu_seqlens) - 1
+    h0 = randn(N, case.h_v, D, D) if case.h0 else None
+    cu = None if case.cu_seqlens is None else torch.tensor(case.cu_seqlens, dtype=torch.int32)
+    kw = {"initial_state": h0, "cu_seqlens": cu, "state_v_first": case.state_v_first}
+    leaves = [x.to(F64).requires_grad_(True) for x in (q, k, v, g, beta)]
+    h0_64 = h0.to(F64).requires_grad_(True) if case.h0 else None
+    o, ht = chunk_gated_delta_rule_ref(*leaves, output_final_state=True, **{**kw, "initial_state": h0_64})
+    do = randn(*o.shape).bfloat16()
+    dht = randn(*ht.shape) if case.dht else None
+    loss = (o * do.to(F64)).sum() + ((ht * dht.to(F64)).sum() if case.dht else 0)
+    grads = torch.autograd.grad(loss, leaves + ([h0_64] if case.h0 else []))
+    want = dict(zip(("dq", "dk", "dv", "dg", "dbeta", "dh0"), grads))
+    with torch.no_grad():
+        inter = chunk_intermediates_ref(q, k, v, g, beta, **kw)
+    args = {"q": q, "k": k, "v": v, "g_cumsum": inter.g_cumsum.float(), "beta": beta,
+            "A": inter.A.bfloat16(), "do": do, "dht": dht, **kw}
+    return want, args
+
+
+def run_twins(args, monkeypatch):
+    def nan_alloc(shape, dtype, device):
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+
+    monkeypatch.setattr(backward, "_alloc", nan_alloc)
+    p = validate(args["q"], args["k"], args["v"], args["g_cumsum"], args["beta"], None,
+                 args["initial_state"], args["cu_seqlens"], args["state_v_first"], for_kernels=True)
+    out = backward._bwd_impl(p, args["q"], args["k"], args["v"], args["g_cumsum"], args["beta"], args["A"],
+                             args["do"], args["dht"], args["initial_state"], args["cu_seqlens"],
+                             args["state_v_first"], 64, KERNEL_TWINS)
+    return dict(zip(NAMES, out))
+
+
+def rel_l2(x, ref) -> float:
+    x, ref = x.double(), ref.double()
+    if not torch.isfinite(x).all():
+        return float("inf")
+    return float((x - ref).norm() / ref.norm())
+
+
+CASES = [
+    Case(T=100, h_qk=1, h_v=2, B=2, h0=True),
+    Case(T=260, h_qk=2, h_v=4, cu_seqlens=(0, 1, 34, 97, 161, 226, 226, 250)),  # 1,33,63,64,65,0,24 + tail 10
+    Case(T=130, h_qk=1, h_v=2, h0=True, dht=False, state_v_first=True, gate="qwen", seed=1),
+    Case(T=200, h_qk=2, h_v=2, cu_seqlens=(0, 65, 190), h0=True, gate="qwen", seed=2),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_backward_host_with_kernel_twins(case, monkeypatch):
+    want, args = problem(case)
+    got = run_twins(args, monkeypatch)
+    assert (got["dh0"] is None) == (not case.h0)
+    assert got["dq"].dtype == got["dk"].dtype == got["dv"].dtype == torch.bfloat16
+    assert got["dg"].dtype == torch.float32 and got["dbeta"].dtype == args["beta"].dtype
+    errs = {n: rel_l2(got[n], want[n]) for n in NAMES if got[n] is not None}
+    bad = {n: e for n, e in errs.items() if not e <= TOL}
+    assert not bad, f"relative L2 over {TOL}: {bad} (all: {errs})"
+    if case.h0:
+        assert got["dh0"].shape == args["initial_state"].shape and got["dh0"].is_contiguous()
+    if case.cu_seqlens is not None:
+        end = case.cu_seqlens[-1]
+        for n in ("dq", "dk", "dv", "dbeta", "dg"):
+            assert (got[n].flatten(0, 1)[end:] == 0).all(), f"{n} not zero on the padding tail"
+
+
+def test_chunk_tables_cover_every_token_once():
+    cu = torch.tensor([0, 1, 34, 97, 161, 226, 226, 250], dtype=torch.int32)
+    offsets, bounds, ncmax = backward._chunk_tables(cu, 260, 64)
+    assert offsets.tolist() == [0, 1, 2, 3, 4, 6, 6, 7]
+    assert ncmax == 5 + 7
+    real = bounds[: offsets[-1]].tolist()
+    assert real == [[0, 1], [1, 34], [34, 97], [97, 161], [161, 225], [225, 226], [226, 250]]
+    assert (bounds[offsets[-1]:] == 0).all()
+
+
+def test_bad_arguments_raise():
+    with pytest.raises(ValueError, match="h_v"):
+        backward.compile_backward_kernels(2, 0)
+    with pytest.raises(ValueError, match="multiple"):
+        backward.compile_backward_kernels(3, 4)
+    with pytest.raises(TypeError, match="float32"):
+        backward.compile_backward_kernels(2, 4, dtype=torch.float32)
+    with pytest.raises(ValueError, match="target"):
+        backward.compile_backward_kernels(2, 4, target={"kind": "cuda", "arch": "sm_75"})
+    with pytest.raises(ValueError, match="sm90 only"):
+        backward.compile_backward_kernels(2, 4, target="sm120")
+    _, args = problem(Case(T=64, h_qk=1, h_v=1))
+    with pytest.raises(ValueError, match="CUDA"):
+        backward.chunk_gated_delta_rule_bwd(**args)
+    with pytest.raises(TypeError, match="g_cumsum must be float32"):
+        backward._check_inputs(**{**args, "g_cumsum": args["g_cumsum"].double()}, scale=None, C=64)
+    with pytest.raises(ValueError, match="A must have shape"):
+        backward._check_inputs(**{**args, "A": args["A"][..., :32]}, scale=None, C=64)
