@@ -16,6 +16,215 @@ def main() -> None:
 # --- suite core: run, list, env (qlabench/runner.py, config.py, backends.py, envinfo.py) ---
 
 
+def _setup_error(msg: str) -> None:
+    """Bad options or a machine that cannot run them: one clear line, exit code 2, no traceback."""
+    click.echo(f"qlabench: error: {msg}", err=True)
+    raise SystemExit(2)
+
+
+def _split_opts(values) -> list[str]:
+    return [s.strip() for v in values for s in str(v).split(",") if s.strip()]
+
+
+@main.command("run")
+@click.option("--arch", type=click.Choice(["sm90", "sm100", "sm120"]), default=None,
+              help="Require this GPU architecture; a mismatch or no GPU exits 2 [default: not checked].")
+@click.option("--cfg", "cfgs", multiple=True,
+              help="Head preset(s) hk<h_qk>_hv<h_v>, repeatable or comma list; any such name parses "
+              "[default: the sweep's presets].")
+@click.option("--sweep", default=None,
+              help="Sweep name in configs/sweeps/ (h200-fwd, h200-bwd, ci-smoke) or a .toml path.")
+@click.option("--seqlens", "seqlens", multiple=True,
+              help="Pattern set names from seqlens.toml and/or patterns (1x32768, 28672+4096, 8192x4, "
+              "32k_4seq), repeatable or comma list [default: the sweep's, else per phase: fwd -> set "
+              "'fwd', bwd/fwdbwd -> set 'bwd'].")
+@click.option("--phase", default=None,
+              help="fwd, bwd, fwdbwd or all (comma list allowed) [default: the sweep's phases, else fwd].")
+@click.option("--backends", default=None,
+              help="Comma list from `qlabench list backends` [default: the sweep's; else qla,fla,flash_qla "
+              "on CUDA, torch on the CPU].")
+@click.option("--gate-profile", type=click.Choice(["bench", "qwen", "logsigmoid"]), default=None,
+              help="Gate distribution [default: the sweep's, else bench].")
+@click.option("--device", type=click.Choice(["cuda", "cpu"]), default=None,
+              help="Where to run [default: cuda when a GPU is visible; without one, cpu with --quick].")
+@click.option("--quick", is_flag=True,
+              help="Fewer samples (warmup/repeats 3/20 on CUDA, 1/5 on the CPU); on the CPU also shrinks "
+              "every pattern to at most 512 tokens.")
+@click.option("--out", type=click.Path(dir_okay=False), default=None,
+              help="Results JSON [default: results/<gpu>/<date>_<commit>/<sweep-or-cfg>.json].")
+@click.option("--resume", is_flag=True,
+              help="Continue --out: rows already ok/incorrect are skipped, error/unavailable rows re-run.")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Base seed of the inputs (mixed with each case's identity).")
+@click.option("--warmup", type=click.IntRange(min=0), default=None,
+              help="Warm-up calls per backend and case [default: the sweep's, else 10; --quick 3 / 1].")
+@click.option("--repeats", type=click.IntRange(min=1), default=None,
+              help="Samples: graph replays (cudagraph) or timed calls [default: the sweep's, else 100; "
+              "--quick 20 / 5].")
+@click.option("--timer", type=click.Choice(["auto", "cudagraph", "events", "wall"]), default="auto",
+              show_default=True,
+              help="auto = cudagraph on CUDA (falls back to events if capture fails), wall on the CPU.")
+@click.option("--l2", type=click.Choice(["auto", "warm", "flush"]), default="auto", show_default=True,
+              help="L2 between calls: auto = warm for cudagraph, flushed (256 MB write) for events; flush "
+              "with cudagraph subtracts a flush-only graph.")
+@click.option("--tolerance", type=click.FloatRange(min=0, min_open=True), default=0.02, show_default=True,
+              help="Largest relative L2 error vs the float64 reference before a row is 'incorrect'.")
+@click.option("--no-h0", is_flag=True, help="Run without an initial state [default: h0 on, like FlashQLA].")
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+def run_cmd(arch, cfgs, sweep, seqlens, phase, backends, gate_profile, device, quick, out, resume, seed,
+            warmup, repeats, timer, l2, tolerance, no_h0, no_progress) -> None:
+    """Sweep head presets x seqlen patterns over backends: correctness and timing, saved row by row."""
+    import sys
+    from pathlib import Path
+
+    from qlabench import config as C
+    from qlabench import envinfo
+    from qlabench import runner as RN
+    from qlabench.backends import get_backend, parse_backends
+
+    try:
+        if arch:  # before the device default: --arch on a machine without a GPU is its own error
+            RN.check_arch(arch, device or "cuda")
+        device, note = RN.resolve_device(device, quick)
+        presets = C.load_presets()
+        sets = C.load_seqlens()
+        sw = C.load_sweep(sweep, presets=presets, seqlens=sets) if sweep else None
+        if not sw and not cfgs:
+            raise RN.RunSetupError("give --cfg (e.g. --cfg hk16_hv32) or --sweep (see `qlabench list sweeps`)")
+        chosen = ([C.resolve_preset(n, presets) for n in _split_opts(cfgs)] if cfgs
+                  else list(dict.fromkeys(c.preset for c in sw.cases)))
+        phases = C.parse_phases(phase) if phase else (sw.phases if sw else ["fwd"])
+        gate = gate_profile or (sw.cases[0].gate_profile if sw and sw.cases else "bench")
+        if seqlens:
+            spec = _split_opts(seqlens)
+        elif sw:  # the sweep's patterns, per phase
+            spec = {p: [c.pattern.name for c in sw.cases if c.phase == p] or None for p in phases}
+            spec = {p: v for p, v in spec.items() if v}
+        else:
+            spec = None
+        cases = C.build_cases(chosen, phases, sets, spec or None, gate)
+        names = parse_backends(backends or (sw.backends if sw and sw.backends else RN.DEFAULT_BACKENDS[device]))
+        bes = [get_backend(n) for n in names]
+        settings = sw.settings if sw else {}
+        qk = "cuda" if device == "cuda" else "cpu"
+        warmup = warmup if warmup is not None else (RN.QUICK_WARMUP[qk] if quick
+                                                    else settings.get("warmup", RN.DEFAULT_WARMUP))
+        repeats = repeats if repeats is not None else (RN.QUICK_REPEATS[qk] if quick
+                                                       else settings.get("repeats", RN.DEFAULT_REPEATS))
+        cfg = RN.RunConfig(device=device, timer=timer, l2=l2, warmup=warmup, repeats=repeats,
+                           tolerance=tolerance, quick=quick, seed=seed, with_h0=not no_h0)
+        from qlabench.timing import resolve_l2, resolve_timer
+
+        timer_used = resolve_timer(timer, device)
+        env = envinfo.collect(device)
+        label = sw.name if sw else "+".join(p.name for p in chosen)
+        if not sw or phase:
+            label += "_" + "-".join(phases)
+        label += "_quick" if quick else ""
+        out_path = Path(out) if out else RN.default_out_path(env["gpu_name"], env["git_commit"], label)
+        run = {
+            "argv": ["qlabench", *sys.argv[1:]], "sweep": sw.name if sw else None,
+            "arch": arch or (sw.arch if sw else None), "seed": seed, "phases": phases, "backends": names,
+            "gate_profile": gate, "timer": timer_used, "warmup": warmup, "repeats": repeats,
+            "l2_policy": resolve_l2(l2, timer_used), "quick": quick, "tolerance": tolerance,
+            "device": device, "presets": [p.name for p in chosen], "n_cases": len(cases),
+            "with_h0": not no_h0, "cpu_max_tokens": cfg.cpu_max_tokens if device == "cpu" and quick else None,
+        }
+        res = RN.open_results(out_path, env, run, resume)
+    except (ValueError, TypeError) as exc:  # ConfigError, RunSetupError, bad backend names
+        _setup_error(str(exc))
+    if note:
+        click.echo(note, err=True)
+    if device == "cpu":
+        click.echo(f"NOTE: {RN.CPU_NOTICE}." + ("" if quick else " Full-size patterns in float64 on the "
+                   "CPU are very slow; --quick shrinks them."), err=True)
+    if sw and sw.arch and device == "cuda" and not arch:
+        click.echo(f"sweep {sw.name} is meant for {sw.arch} (not checked; pass --arch to enforce)", err=True)
+    click.echo(f"{len(cases)} cases x {len(bes)} backends ({', '.join(names)}) on {env['gpu_name'] or 'cpu'}"
+               f" -> {out_path}", err=True)
+    runner = RN.Runner(cfg, bes, res, out_path, progress=not no_progress,
+                       echo=lambda m: click.echo(m, err=True))
+    for b in bes:
+        ok, why = runner.avail[b.name]
+        if not ok:
+            click.echo(f"  {b.name}: unavailable: {why}", err=True)
+    try:
+        runner.run(cases)
+    except KeyboardInterrupt:
+        click.echo(f"\ninterrupted: {len(res['rows'])} rows kept in {out_path}", err=True)
+        raise SystemExit(130) from None
+    if device == "cpu":
+        click.echo(f"=== {RN.CPU_NOTICE} ===")
+    click.echo(RN.format_tables(res))
+    counts = {s: sum(r["status"] == s for r in res["rows"]) for s in ("ok", "incorrect", "error", "unavailable")}
+    click.echo(f"wrote {out_path}: " + ", ".join(f"{v} {k}" for k, v in counts.items() if v))
+
+
+@main.command("list")
+@click.argument("what", type=click.Choice(["configs", "seqlens", "sweeps", "backends"]))
+@click.option("--device", type=click.Choice(["cuda", "cpu"]), default=None,
+              help="Device to check backends on [default: cuda when a GPU is visible, else cpu].")
+def list_cmd(what, device) -> None:
+    """Head presets, seqlen sets, sweeps, or backends with their availability and reason."""
+    from qlabench import config as C
+
+    try:
+        if what == "configs":
+            click.echo(f"{'preset':12} {'h_qk':>4} {'h_v':>4}  model")
+            for p in C.load_presets().values():
+                click.echo(f"{p.name:12} {p.h_qk:4d} {p.h_v:4d}  {p.model}")
+            click.echo("(any hkN_hvM with M a multiple of N is accepted too)")
+        elif what == "seqlens":
+            sets = C.load_seqlens()
+            click.echo(f"defaults: {', '.join(f'{k} -> {v}' for k, v in sets.defaults.items())}; "
+                       f"cut_seed = {sets.cut_seed}")
+            for name in sets.sets:
+                click.echo(f"[{name}]")
+                for p in sets.patterns([name]):
+                    lens = ",".join(map(str, p.seqlens)) if p.n_seqs <= 8 else f"{p.n_seqs} seqs"
+                    click.echo(f"  {p.name:14} {p.total_tokens:6d} tokens  {p.n_seqs} seq  [{lens}]")
+        elif what == "sweeps":
+            for name in C.sweep_names():
+                sw = C.load_sweep(name)
+                click.echo(f"{name:12} {len(sw.cases):4d} cases  phases={','.join(sw.phases)}  "
+                           f"backends={','.join(sw.backends or [])}  {sw.description}")
+        else:
+            import torch
+
+            from qlabench.backends import backend_names, get_backend
+
+            device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+            for name in backend_names():
+                b = get_backend(name)
+                ok, why = b.available(device)
+                state = "available" if ok else f"unavailable: {why}"
+                version = b.version() if ok else None
+                click.echo(f"{name:10} {state}" + (f"  ({version})" if version else "")
+                           + (f"  [{why}]" if ok and why else "") + f"\n{'':10} {b.description}")
+    except (ValueError, TypeError) as exc:
+        _setup_error(str(exc))
+
+
+@main.command("env")
+@click.option("--json", "as_json", is_flag=True, help="Print the env block as JSON.")
+def env_cmd(as_json) -> None:
+    """The machine as a results file's env block records it (GPU, clocks, driver, versions, commit)."""
+    import json
+
+    import torch
+
+    from qlabench import envinfo
+
+    env = envinfo.collect("cuda" if torch.cuda.is_available() else "cpu")
+    if as_json:
+        click.echo(json.dumps(env, indent=1))
+        return
+    for k, v in env.items():
+        if isinstance(v, dict):
+            v = "  ".join(f"{a}={b}" for a, b in v.items())
+        click.echo(f"{k:20} {v}")
+
+
 # --- reports: report (qlabench/report/) ---
 
 

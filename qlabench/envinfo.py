@@ -1,0 +1,121 @@
+"""What a results file's ``env`` block records: GPU identity and clocks, driver, CUDA, library
+versions and the qlabench git commit. Every probe is best-effort: a missing tool gives null, never an
+exception, so ``qlabench env`` works on a CPU-only machine too.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib.metadata as md
+import re
+import shutil
+import socket
+import subprocess
+from pathlib import Path
+
+import qlabench
+
+# distribution names to try per library (first installed one wins)
+_DISTS = {
+    "torch": ("torch",),
+    "triton": ("triton", "pytorch-triton"),
+    "tilelang": ("tilelang",),
+    "fla": ("fla-core", "flash-linear-attention"),
+    "flash_qla": ("flash-qla", "flash_qla"),
+}
+
+
+def utc_now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def library_versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for key, dists in _DISTS.items():
+        out[key] = None
+        for dist in dists:
+            try:
+                out[key] = md.version(dist)
+                break
+            except md.PackageNotFoundError:
+                continue
+    out["qlabench"] = qlabench.__version__
+    return out
+
+
+def _run(cmd: list[str], cwd=None, timeout: float = 10.0) -> str | None:
+    try:
+        res = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return res.stdout.strip() if res.returncode == 0 else None
+
+
+def git_info() -> tuple[str | None, bool | None]:
+    """(commit, dirty) of the qlabench checkout; (None, None) outside git."""
+    root = Path(qlabench.__file__).resolve().parent.parent
+    commit = _run(["git", "rev-parse", "HEAD"], cwd=root)
+    if commit is None:
+        return None, None
+    status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root)
+    return commit, bool(status) if status is not None else None
+
+
+def nvidia_smi(index: int = 0) -> dict:
+    """driver, uuid and current SM / memory clocks (MHz) from nvidia-smi; {} without it."""
+    if shutil.which("nvidia-smi") is None:
+        return {}
+    q = "driver_version,uuid,clocks.sm,clocks.mem"
+    out = _run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader,nounits", "-i", str(index)])
+    if not out:
+        return {}
+    parts = [p.strip() for p in out.splitlines()[0].split(",")]
+    if len(parts) != 4:
+        return {}
+
+    def num(x):
+        return int(float(x)) if re.fullmatch(r"[\d.]+", x) else None
+
+    return {"driver": parts[0], "uuid": parts[1], "sm_mhz": num(parts[2]), "mem_mhz": num(parts[3])}
+
+
+def clocks(index: int = 0) -> dict:
+    smi = nvidia_smi(index)
+    return {"sm_mhz": smi.get("sm_mhz"), "mem_mhz": smi.get("mem_mhz")}
+
+
+def gpu_slug(name: str | None) -> str:
+    """'NVIDIA H200' -> 'h200' (the results/<gpu>/ folder); 'cpu' without a GPU."""
+    if not name:
+        return "cpu"
+    s = re.sub(r"^nvidia\s+", "", name.strip(), flags=re.IGNORECASE).lower()
+    return re.sub(r"[^a-z0-9]+", "-", s).strip("-") or "gpu"
+
+
+def collect(device: str = "cuda", index: int = 0) -> dict:
+    """The env block for a run on ``device`` ('cuda' or 'cpu')."""
+    import torch
+
+    commit, dirty = git_info()
+    env = {
+        "gpu_name": None, "gpu_uuid": None, "compute_capability": None, "sm_count": None,
+        "driver": None, "cuda": torch.version.cuda, "clocks_start": {"sm_mhz": None, "mem_mhz": None},
+        "clocks_end": None, "versions": library_versions(), "git_commit": commit, "git_dirty": dirty,
+        "timestamp": utc_now(), "hostname": socket.gethostname(), "device": device,
+        "gpu_memory_gb": None, "gpu_count": 0,
+    }
+    if device == "cuda" and torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(index)
+        smi = nvidia_smi(index)
+        uuid = getattr(props, "uuid", None)
+        env.update(
+            gpu_name=props.name,
+            gpu_uuid=smi.get("uuid") or (f"GPU-{uuid}" if uuid is not None else None),
+            compute_capability=f"{props.major}.{props.minor}",
+            sm_count=props.multi_processor_count,
+            driver=smi.get("driver"),
+            clocks_start={"sm_mhz": smi.get("sm_mhz"), "mem_mhz": smi.get("mem_mhz")},
+            gpu_memory_gb=round(props.total_memory / 2**30, 1),
+            gpu_count=torch.cuda.device_count(),
+        )
+    return env

@@ -1,0 +1,227 @@
+"""Sequence-length patterns, gate profiles and seeded input generation for one benchmark case.
+
+Every workload is packed varlen (B = 1, int32 ``cu_seqlens``), as FlashQLA and FLA benchmark it,
+even for a single sequence.
+
+Pattern grammar (whole string, spaces not allowed):
+    ``1x32768`` / ``8192x4``   min(a, b) sequences of max(a, b) tokens (FlashQLA writes both orders)
+    ``28672+4096``             explicit lengths, in order
+    ``32k_4seq``               ``32 * 1024`` tokens cut into 4 sequences at seeded random points
+    ``4096``                   one sequence
+
+Gate profiles (natural-log gate g, fp32, always <= 0):
+    ``bench``       logsigmoid(randn) / 16, with 25% of the v-heads at g = 0 (FlashQLA's benchmark)
+    ``qwen``        -A_h * softplus(0.5 randn + 1), A_h ~ U(0, 16) per v-head, the first head at
+                    A = 0 and the last at A = 16 (FlashQLA's unit tests: strong decay, up to ~ -20)
+    ``logsigmoid``  logsigmoid(randn) (FLA's benchmarks)
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import zlib
+from dataclasses import dataclass, field, replace
+
+import torch
+import torch.nn.functional as F
+
+HEAD_DIM = 128
+GATE_PROFILES = ("bench", "qwen", "logsigmoid")
+DEFAULT_CUT_SEED = 42
+
+_PRODUCT = re.compile(r"^(\d+)x(\d+)$")
+_SUM = re.compile(r"^\d+(\+\d+)+$")
+_CUT = re.compile(r"^(\d+)(k?)_(\d+)seq$")
+_SINGLE = re.compile(r"^\d+$")
+
+
+@dataclass(frozen=True)
+class Pattern:
+    """A named sequence-length pattern: ``name`` as written, ``seqlens`` the lengths it stands for."""
+
+    name: str
+    seqlens: tuple[int, ...]
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(self.seqlens)
+
+    @property
+    def n_seqs(self) -> int:
+        return len(self.seqlens)
+
+
+def _positive(text: str, value: int, what: str) -> int:
+    if value < 1:
+        raise ValueError(f"seqlen pattern {text!r}: {what} must be >= 1, got {value}")
+    return value
+
+
+def random_cut(total: int, n: int, seed: int = DEFAULT_CUT_SEED) -> tuple[int, ...]:
+    """``total`` tokens cut into ``n`` non-empty sequences at sorted, seeded random points."""
+    if n > total:
+        raise ValueError(f"cannot cut {total} tokens into {n} non-empty sequences")
+    gen = torch.Generator().manual_seed(seed)
+    cuts = sorted((torch.randperm(total - 1, generator=gen)[: n - 1] + 1).tolist())
+    bounds = [0, *cuts, total]
+    return tuple(b - a for a, b in itertools.pairwise(bounds))
+
+
+def parse_pattern(text: str, cut_seed: int = DEFAULT_CUT_SEED) -> Pattern:
+    """Parses one pattern (see the module docstring); a ValueError names the text otherwise."""
+    if not isinstance(text, str):
+        raise TypeError(f"seqlen pattern must be a string, got {type(text).__name__}: {text!r}")
+    s = text.strip()
+    if m := _PRODUCT.match(s):
+        a = _positive(text, int(m.group(1)), "each factor")
+        b = _positive(text, int(m.group(2)), "each factor")
+        return Pattern(s, (max(a, b),) * min(a, b))
+    if _SUM.match(s):
+        return Pattern(s, tuple(_positive(text, int(x), "each length") for x in s.split("+")))
+    if m := _CUT.match(s):
+        total = _positive(text, int(m.group(1)), "the token total") * (1024 if m.group(2) else 1)
+        n = _positive(text, int(m.group(3)), "the sequence count")
+        if n > total:
+            raise ValueError(f"seqlen pattern {text!r}: {n} sequences do not fit in {total} tokens")
+        return Pattern(s, random_cut(total, n, cut_seed))
+    if _SINGLE.match(s):
+        return Pattern(s, (_positive(text, int(s), "the length"),))
+    raise ValueError(
+        f"bad seqlen pattern {text!r}; expected e.g. '1x32768', '8192x4', '28672+4096', '32k_4seq' "
+        "or '4096'"
+    )
+
+
+def scale_pattern(pattern: Pattern, max_tokens: int) -> Pattern:
+    """Shrinks a pattern proportionally so it holds at most ``max_tokens`` tokens (--quick on CPU).
+
+    The name stays; every sequence keeps at least one token.
+    """
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    if pattern.total_tokens <= max_tokens:
+        return pattern
+    n = pattern.n_seqs
+    if n > max_tokens:
+        raise ValueError(f"pattern {pattern.name!r} has {n} sequences, more than {max_tokens} tokens")
+    budget = max_tokens - n  # one token per sequence is reserved, the rest is shared out
+    extra = [(L - 1) * budget // (pattern.total_tokens - n or 1) for L in pattern.seqlens]
+    return replace(pattern, seqlens=tuple(1 + e for e in extra))
+
+
+# --- gates -----------------------------------------------------------------------------------------
+
+
+def make_gate(profile: str, T: int, h_v: int, gen: torch.Generator, device) -> torch.Tensor:
+    """Natural-log gate g `[1, T, h_v]` fp32 for one gate profile (module docstring)."""
+    if profile not in GATE_PROFILES:
+        raise ValueError(f"unknown gate profile {profile!r}; known: {', '.join(GATE_PROFILES)}")
+    x = torch.randn(1, T, h_v, generator=gen, device=device, dtype=torch.float32)
+    if profile == "logsigmoid":
+        return F.logsigmoid(x)
+    if profile == "bench":
+        g = F.logsigmoid(x) / 16
+        n_zero = round(0.25 * h_v)
+        if n_zero:
+            heads = torch.randperm(h_v, generator=gen, device=device)[:n_zero]
+            g[:, :, heads] = 0.0
+        return g
+    A = torch.rand(h_v, generator=gen, device=device, dtype=torch.float32) * 16
+    A[0] = 0.0
+    if h_v > 1:
+        A[-1] = 16.0
+    return -A * F.softplus(0.5 * x + 1.0)
+
+
+# --- inputs ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Workload:
+    """Inputs of one case, on its device.
+
+    Attributes:
+        q, k: `[1, T, h_qk, K]` bf16, l2-normalised over K. v: `[1, T, h_v, V]` bf16.
+        g: `[1, T, h_v]` fp32 natural-log gate. beta: `[1, T, h_v]` fp32 in (0, 1).
+        h0: `[N, h_v, K, V]` fp32 initial state, or None.
+        cu_seqlens: `[N + 1]` int32.
+        do: `[1, T, h_v, V]` bf16 and dht: `[N, h_v, K, V]` fp32, the backward's incoming gradients.
+        scale: K^-1/2.
+    """
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    g: torch.Tensor
+    beta: torch.Tensor
+    h0: torch.Tensor | None
+    cu_seqlens: torch.Tensor
+    do: torch.Tensor
+    dht: torch.Tensor
+    scale: float
+    seqlens: tuple[int, ...] = field(default=())
+
+    @property
+    def device(self) -> torch.device:
+        return self.q.device
+
+    def differentiable(self) -> tuple[Workload, tuple[torch.Tensor, ...]]:
+        """A copy whose q, k, v, g, beta (and h0) are fresh leaves requiring grad, and those leaves."""
+        leaves = {n: getattr(self, n).detach().clone().requires_grad_(True)
+                  for n in ("q", "k", "v", "g", "beta")}
+        if self.h0 is not None:
+            leaves["h0"] = self.h0.detach().clone().requires_grad_(True)
+        return replace(self, **leaves), tuple(leaves.values())
+
+    def nbytes(self) -> int:
+        ts = (self.q, self.k, self.v, self.g, self.beta, self.h0, self.do, self.dht)
+        return sum(t.numel() * t.element_size() for t in ts if t is not None)
+
+
+def case_seed(seed: int, *parts) -> int:
+    """A stable per-case seed: the run seed mixed with the case's identity (not with its order)."""
+    return (seed * 1_000_003 + zlib.crc32("/".join(map(str, parts)).encode())) % (2**63)
+
+
+def make_workload(
+    h_qk: int,
+    h_v: int,
+    seqlens,
+    gate_profile: str = "bench",
+    seed: int = 0,
+    device="cpu",
+    head_dim: int = HEAD_DIM,
+    with_h0: bool = True,
+    dtype: torch.dtype = torch.bfloat16,
+) -> Workload:
+    """Seeded inputs for one case (FlashQLA's benchmark recipe; the class docstring lists shapes)."""
+    for name, x in (("h_qk", h_qk), ("h_v", h_v), ("head_dim", head_dim)):
+        if not isinstance(x, int) or x < 1:
+            raise ValueError(f"{name} must be a positive int, got {x!r}")
+    if h_v % h_qk:
+        raise ValueError(f"h_v must be a multiple of h_qk, got h_qk={h_qk}, h_v={h_v}")
+    seqlens = tuple(int(s) for s in seqlens)
+    if not seqlens or min(seqlens) < 1:
+        raise ValueError(f"seqlens must be non-empty positive ints, got {seqlens}")
+    device = torch.device(device)
+    T, N, D = sum(seqlens), len(seqlens), head_dim
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen, device=device, dtype=torch.float32)
+
+    def unit(x):
+        return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+
+    q = unit(randn(1, T, h_qk, D)).to(dtype)
+    k = unit(randn(1, T, h_qk, D)).to(dtype)
+    v = randn(1, T, h_v, D).to(dtype)
+    g = make_gate(gate_profile, T, h_v, gen, device)
+    beta = torch.sigmoid(randn(1, T, h_v))
+    h0 = randn(N, h_v, D, D) if with_h0 else None
+    do = randn(1, T, h_v, D).to(dtype)
+    dht = randn(N, h_v, D, D) / 8
+    cu = torch.tensor([0, *torch.tensor(seqlens).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    return Workload(q=q, k=k, v=v, g=g, beta=beta, h0=h0, cu_seqlens=cu, do=do, dht=dht,
+                    scale=D**-0.5, seqlens=seqlens)

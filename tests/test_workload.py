@@ -1,0 +1,135 @@
+"""Seqlen patterns, gate profiles and input generation (qlabench/workload.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from qlabench.workload import (
+    GATE_PROFILES,
+    make_gate,
+    make_workload,
+    parse_pattern,
+    random_cut,
+    scale_pattern,
+)
+
+FWD_PATTERNS = {
+    "1x32768": (32768,), "1x2048": (2048,), "28672+4096": (28672, 4096), "1024+7168": (1024, 7168),
+    "8192x4": (8192,) * 4, "4096x8": (4096,) * 8, "1024x8": (1024,) * 8, "4096": (4096,),
+}
+
+
+@pytest.mark.parametrize("text", list(FWD_PATTERNS), ids=list(FWD_PATTERNS))
+def test_fixed_patterns(text):
+    p = parse_pattern(text)
+    assert p.seqlens == FWD_PATTERNS[text]
+    assert p.name == text
+    assert p.total_tokens == sum(FWD_PATTERNS[text])
+
+
+@pytest.mark.parametrize("text,total,n", [("8k_1seq", 8192, 1), ("8k_4seq", 8192, 4),
+                                          ("32k_4seq", 32768, 4), ("32k_8seq", 32768, 8),
+                                          ("1000_3seq", 1000, 3)])
+def test_random_cut_patterns(text, total, n):
+    p = parse_pattern(text)
+    assert p.total_tokens == total and p.n_seqs == n
+    assert min(p.seqlens) >= 1
+    assert parse_pattern(text).seqlens == p.seqlens  # seeded: deterministic
+    if n > 1:
+        assert parse_pattern(text, cut_seed=7).seqlens != p.seqlens
+
+
+def test_random_cut_known_values():
+    # pinned so that a pattern name keeps meaning the same sequences across runs and machines
+    assert parse_pattern("32k_4seq").seqlens == (7212, 7072, 13725, 4759)
+    assert random_cut(10, 10) == (1,) * 10
+
+
+@pytest.mark.parametrize("bad", ["", "abc", "1x", "x4", "0x4096", "4096+", "+4", "4096+0", "32k_0seq",
+                                 "8_9seq", "1x32768x2", " 1 x 2", "32K_4seq", "-5", "1.5x2"])
+def test_bad_patterns_name_the_text(bad):
+    with pytest.raises(ValueError) as e:
+        parse_pattern(bad)
+    assert "pattern" in str(e.value) and repr(bad) in str(e.value)
+
+
+def test_pattern_type_error():
+    with pytest.raises(TypeError):
+        parse_pattern(4096)
+
+
+def test_scale_pattern():
+    p = scale_pattern(parse_pattern("28672+4096"), 512)
+    assert p.name == "28672+4096" and p.total_tokens <= 512 and p.seqlens[0] > p.seqlens[1] >= 1
+    p = scale_pattern(parse_pattern("1024x8"), 64)
+    assert p.n_seqs == 8 and p.total_tokens <= 64 and min(p.seqlens) >= 1
+    small = parse_pattern("100+28")
+    assert scale_pattern(small, 512) is small
+    with pytest.raises(ValueError):
+        scale_pattern(parse_pattern("1x4096"), 0)
+
+
+def _gate(profile, T=4096, h_v=16, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return make_gate(profile, T, h_v, gen, "cpu")
+
+
+def test_gate_bench_quarter_of_heads_zero():
+    g = _gate("bench")
+    assert g.shape == (1, 4096, 16) and g.dtype == torch.float32
+    zero_heads = (g == 0).all(dim=1).squeeze(0)
+    assert int(zero_heads.sum()) == 4  # 25% of 16 heads
+    live = g[..., ~zero_heads]
+    assert (live < 0).all()
+    # logsigmoid(randn)/16: mean of logsigmoid(N(0,1)) is about -0.81, so about -0.05 per token
+    assert -0.06 < float(live.mean()) < -0.045
+
+
+def test_gate_qwen_strong_decay():
+    g = _gate("qwen")
+    assert (g <= 0).all()
+    per_head = g.mean(dim=(0, 1))
+    assert float(per_head[0]) == 0.0  # A = 0: no decay
+    assert float(g[..., -1].mean()) < -15  # A = 16 times softplus(~1): strong decay
+    assert float(g.min()) < -20
+
+
+def test_gate_logsigmoid_and_unknown():
+    g = _gate("logsigmoid")
+    assert (g < 0).all() and -0.9 < float(g.mean()) < -0.7
+    with pytest.raises(ValueError, match="nope"):
+        _gate("nope")
+    assert set(GATE_PROFILES) == {"bench", "qwen", "logsigmoid"}
+
+
+def test_make_workload_shapes_dtypes_and_seed():
+    w = make_workload(2, 8, (100, 28), "bench", seed=3, head_dim=32)
+    assert w.q.shape == (1, 128, 2, 32) and w.q.dtype == torch.bfloat16
+    assert w.v.shape == (1, 128, 8, 32) and w.v.dtype == torch.bfloat16
+    assert w.g.shape == (1, 128, 8) and w.g.dtype == torch.float32
+    assert w.beta.dtype == torch.float32 and (w.beta > 0).all() and (w.beta < 1).all()
+    assert w.h0.shape == (2, 8, 32, 32) and w.dht.shape == (2, 8, 32, 32)
+    assert w.do.shape == w.v.shape and w.do.dtype == torch.bfloat16
+    assert w.cu_seqlens.dtype == torch.int32 and w.cu_seqlens.tolist() == [0, 100, 128]
+    norms = w.q.float().norm(dim=-1)
+    assert torch.allclose(norms, torch.ones_like(norms), atol=1e-2)
+    w2 = make_workload(2, 8, (100, 28), "bench", seed=3, head_dim=32)
+    assert torch.equal(w.q, w2.q) and torch.equal(w.g, w2.g) and torch.equal(w.h0, w2.h0)
+    w3 = make_workload(2, 8, (100, 28), "bench", seed=4, head_dim=32)
+    assert not torch.equal(w.q, w3.q)
+    assert make_workload(1, 2, (16,), seed=0, head_dim=8, with_h0=False).h0 is None
+
+
+def test_make_workload_bad_input():
+    with pytest.raises(ValueError, match="multiple"):
+        make_workload(3, 8, (16,))
+    with pytest.raises(ValueError, match="seqlens"):
+        make_workload(1, 2, (16, 0))
+
+
+def test_differentiable_copy():
+    w = make_workload(1, 2, (16,), seed=0, head_dim=8)
+    wd, leaves = w.differentiable()
+    assert len(leaves) == 6 and all(t.requires_grad for t in leaves)
+    assert not w.q.requires_grad and torch.equal(wd.q, w.q)
