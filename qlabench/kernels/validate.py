@@ -30,7 +30,7 @@ class Problem:
     K: int
     V: int
     N: int
-    seq_bounds: tuple[tuple[int, int], ...]
+    seq_bounds: tuple[tuple[int, int], ...] | None  # None only inside CUDA-graph capture
     scale: float
 
     @property
@@ -51,8 +51,28 @@ def _check_tensor(name: str, x, ndim: int) -> None:
         raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
 
 
-def sequence_bounds(cu_seqlens, B: int, T: int) -> tuple[tuple[int, int], ...]:
-    """Validates ``cu_seqlens`` and returns the (bos, eos) range of every sequence."""
+_HOST_VALUES: dict = {}
+
+
+def _host_values(cu_seqlens: torch.Tensor) -> list[int] | None:
+    """cu_seqlens as host ints. Reading a CUDA tensor syncs, which CUDA-graph capture forbids: while
+    capturing, the values remembered from an earlier (eager) call with the same tensor are used, and
+    None is returned when there is none (the value checks are then skipped; the kernels never need
+    host values)."""
+    key = (cu_seqlens.data_ptr(), str(cu_seqlens.device), cu_seqlens.numel(), cu_seqlens._version)
+    if cu_seqlens.is_cuda and torch.cuda.is_current_stream_capturing():
+        return _HOST_VALUES.get(key)
+    values = [int(x) for x in cu_seqlens.tolist()]
+    if cu_seqlens.is_cuda:
+        if len(_HOST_VALUES) >= 64:
+            _HOST_VALUES.pop(next(iter(_HOST_VALUES)))
+        _HOST_VALUES[key] = values
+    return values
+
+
+def sequence_bounds(cu_seqlens, B: int, T: int) -> tuple[tuple[int, int], ...] | None:
+    """Validates ``cu_seqlens`` and returns the (bos, eos) range of every sequence (None while a
+    CUDA graph is being captured and the tensor was not seen before; see ``_host_values``)."""
     if cu_seqlens is None:
         return tuple((b * T, (b + 1) * T) for b in range(B))
     if not isinstance(cu_seqlens, torch.Tensor):
@@ -65,7 +85,9 @@ def sequence_bounds(cu_seqlens, B: int, T: int) -> tuple[tuple[int, int], ...]:
         raise ValueError(f"cu_seqlens needs at least 2 entries, got {cu_seqlens.tolist()}")
     if B != 1:
         raise ValueError(f"with cu_seqlens the batch size B must be 1, got B={B}")
-    cu = [int(x) for x in cu_seqlens.tolist()]
+    cu = _host_values(cu_seqlens)
+    if cu is None:
+        return None
     if cu[0] != 0:
         raise ValueError(f"cu_seqlens must start at 0, got {cu[0]} (cu_seqlens={cu})")
     for a, b in itertools.pairwise(cu):
@@ -128,7 +150,7 @@ def validate(
     if not isinstance(state_v_first, bool):
         raise TypeError(f"state_v_first must be a bool, got {state_v_first!r}")
     bounds = sequence_bounds(cu_seqlens, B, T)
-    N = len(bounds)
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     if initial_state is not None:
         _check_tensor("initial_state", initial_state, 4)
         want = (N, h_v, V, K) if state_v_first else (N, h_v, K, V)
