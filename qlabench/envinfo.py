@@ -61,12 +61,34 @@ def git_info() -> tuple[str | None, bool | None]:
     return commit, bool(status) if status is not None else None
 
 
+def torch_gpu_uuid(index: int = 0) -> str | None:
+    """'GPU-xxxxxxxx-...' of torch's device ``index`` (robust to CUDA_VISIBLE_DEVICES remapping)."""
+    try:
+        import torch
+
+        uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+    except Exception:  # noqa: BLE001 - best effort
+        return None
+    if uuid is None:
+        return None
+    text = str(uuid)
+    return text if text.startswith("GPU-") else f"GPU-{text}"
+
+
 def nvidia_smi(index: int = 0) -> dict:
-    """driver, uuid and current SM / memory clocks (MHz) from nvidia-smi; {} without it."""
+    """driver, uuid and current SM / memory clocks (MHz) from nvidia-smi; {} without it.
+
+    The GPU is selected by torch's UUID when known, so the numbers belong to the device torch uses.
+    """
     if shutil.which("nvidia-smi") is None:
         return {}
     q = "driver_version,uuid,clocks.sm,clocks.mem"
-    out = _run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader,nounits", "-i", str(index)])
+    out = None
+    uuid = torch_gpu_uuid(index)
+    for sel in ([uuid] if uuid else []) + [str(index)]:
+        out = _run(["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader,nounits", "-i", sel])
+        if out:
+            break
     if not out:
         return {}
     parts = [p.strip() for p in out.splitlines()[0].split(",")]
@@ -107,10 +129,9 @@ def collect(device: str = "cuda", index: int = 0) -> dict:
     if device == "cuda" and torch.cuda.is_available():
         props = torch.cuda.get_device_properties(index)
         smi = nvidia_smi(index)
-        uuid = getattr(props, "uuid", None)
         env.update(
             gpu_name=props.name,
-            gpu_uuid=smi.get("uuid") or (f"GPU-{uuid}" if uuid is not None else None),
+            gpu_uuid=smi.get("uuid") or torch_gpu_uuid(index),
             compute_capability=f"{props.major}.{props.minor}",
             sm_count=props.multi_processor_count,
             driver=smi.get("driver"),

@@ -173,6 +173,8 @@ def _measure_cudagraph(fn, warmup: int, repeats: int, l2: str) -> Timing:
     per_call = float(np.median(est))
     calls = int(min(GRAPH_MAX_CALLS, max(1, math.ceil(GRAPH_TARGET_MS / max(per_call, 1e-3)))))
     flush = l2 == "flush"
+    if flush:
+        _flush_buffer()  # allocate outside the capture (not from the graph's private pool)
     graph = _graph_of(fn, calls, flush)
     flush_graph = _graph_of(None, calls, True) if flush else None
     try:
@@ -223,6 +225,8 @@ def measure(fn, device: str, timer: str = "auto", warmup: int = DEFAULT_WARMUP,
             note = f"cudagraph capture failed ({type(e).__name__}: {str(e).splitlines()[0][:200]}); " \
                    "timed with CUDA events"
             policy = "flush" if l2 in ("auto", "flush") else "warm"
+    if policy == "flush":
+        _flush_buffer()
     _event_times(fn, warmup, flush=False)
     samples = _event_times(fn, repeats, flush=policy == "flush")
     return Timing("events", policy, samples, note=note)

@@ -6,6 +6,10 @@ detection), so the import happens inside ``available()`` and its failure becomes
 
 from __future__ import annotations
 
+import contextlib
+
+import torch
+
 from qlabench.backends import Backend, register
 from qlabench.envinfo import library_versions
 
@@ -15,6 +19,7 @@ class FlashQLA(Backend):
     description = "upstream FlashQLA (flash-qla, TileLang), auto CP on"
 
     _fn = None
+    _has_cp_cache_opt = False
 
     def available(self, device: str) -> tuple[bool, str]:
         ok, why = super().available(device)
@@ -28,6 +33,10 @@ class FlashQLA(Backend):
         if fn is None:
             return False, "flash_qla has no chunk_gated_delta_rule"
         type(self)._fn = fn
+        import inspect
+
+        with contextlib.suppress(TypeError, ValueError):
+            type(self)._has_cp_cache_opt = "enable_fwd_cp_cache" in inspect.signature(fn).parameters
         return True, ""
 
     def version(self) -> str | None:
@@ -38,7 +47,12 @@ class FlashQLA(Backend):
             ok, why = self.available("cuda")
             if not ok:
                 raise RuntimeError(why)
+        extra = {}
+        if self._has_cp_cache_opt and not torch.is_grad_enabled():
+            # inference forward (fwd phase): no CP cache for a backward that never comes, as in
+            # FlashQLA's own forward benchmark; training (bwd, fwdbwd) keeps the library default
+            extra["enable_fwd_cp_cache"] = False
         return self._fn(
             q=w.q, k=w.k, v=w.v, g=w.g, beta=w.beta, scale=w.scale, initial_state=w.h0,
-            output_final_state=True, cu_seqlens=w.cu_seqlens,
+            output_final_state=True, cu_seqlens=w.cu_seqlens, **extra,
         )
