@@ -69,10 +69,13 @@ def _split_opts(values) -> list[str]:
               "with cudagraph subtracts a flush-only graph.")
 @click.option("--tolerance", type=click.FloatRange(min=0, min_open=True), default=0.02, show_default=True,
               help="Largest relative L2 error vs the float64 reference before a row is 'incorrect'.")
+@click.option("--verify-kernels", type=click.Choice(["first", "each", "off"]), default="first", show_default=True,
+              help="Profile one call to check a backend's kernel path (fla: no FlashQLA/TileLang kernel): on "
+              "the first case of each phase and preset, on every case, or never.")
 @click.option("--no-h0", is_flag=True, help="Run without an initial state [default: h0 on, like FlashQLA].")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 def run_cmd(arch, cfgs, sweep, seqlens, phase, backends, gate_profile, device, quick, out, resume, seed,
-            warmup, repeats, timer, l2, tolerance, no_h0, no_progress) -> None:
+            warmup, repeats, timer, l2, tolerance, verify_kernels, no_h0, no_progress) -> None:
     """Sweep head presets x seqlen patterns over backends: correctness and timing, saved row by row."""
     import sys
     from pathlib import Path
@@ -112,7 +115,8 @@ def run_cmd(arch, cfgs, sweep, seqlens, phase, backends, gate_profile, device, q
         repeats = repeats if repeats is not None else (RN.QUICK_REPEATS[qk] if quick
                                                        else settings.get("repeats", RN.DEFAULT_REPEATS))
         cfg = RN.RunConfig(device=device, timer=timer, l2=l2, warmup=warmup, repeats=repeats,
-                           tolerance=tolerance, quick=quick, seed=seed, with_h0=not no_h0)
+                           tolerance=tolerance, quick=quick, seed=seed, with_h0=not no_h0,
+                           verify_kernels=verify_kernels)
         from qlabench.timing import resolve_l2, resolve_timer
 
         timer_used = resolve_timer(timer, device)
@@ -128,7 +132,7 @@ def run_cmd(arch, cfgs, sweep, seqlens, phase, backends, gate_profile, device, q
             "gate_profile": gate, "timer": timer_used, "warmup": warmup, "repeats": repeats,
             "l2_policy": resolve_l2(l2, timer_used), "quick": quick, "tolerance": tolerance,
             "device": device, "presets": [p.name for p in chosen], "n_cases": len(cases),
-            "with_h0": not no_h0, "cpu_max_tokens": cfg.cpu_max_tokens if device == "cpu" and quick else None,
+            "with_h0": not no_h0, "verify_kernels": verify_kernels, "cpu_max_tokens": cfg.cpu_max_tokens if device == "cpu" and quick else None,
         }
         res = RN.open_results(out_path, env, run, resume)
     except (ValueError, TypeError) as exc:  # ConfigError, RunSetupError, bad backend names

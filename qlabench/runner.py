@@ -44,6 +44,7 @@ CPU_QUICK_MAX_TOKENS = 512
 CPU_NOTICE = "CPU reference timings (not GPU kernel figures)"
 QUICK_WARMUP = {"cuda": 3, "cpu": 1}
 QUICK_REPEATS = {"cuda": 20, "cpu": 5}
+VERIFY_MODES = ("first", "each", "off")
 
 
 @dataclass
@@ -60,13 +61,18 @@ class RunConfig:
     seed: int = 0
     head_dim: int = 128
     cpu_max_tokens: int = CPU_QUICK_MAX_TOKENS
-    verify_kernels: bool = True
+    # profile a backend that checks its kernel path (fla): on the first case of each (phase, preset)
+    # ("first": FLA's dispatch depends on the head configuration and phase, not on seqlens), on every
+    # case ("each"), or never ("off")
+    verify_kernels: str = "first"
     with_h0: bool = True
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if self.device not in ("cuda", "cpu"):
             raise ValueError(f"device must be 'cuda' or 'cpu', got {self.device!r}")
+        if self.verify_kernels not in VERIFY_MODES:
+            raise ValueError(f"verify_kernels must be one of {VERIFY_MODES}, got {self.verify_kernels!r}")
 
 
 def _short(e: BaseException, limit: int = 600) -> str:
@@ -170,7 +176,7 @@ def _kernel_names(call, device: str) -> list[str]:
 
 
 def run_backend_case(case: Case, w: Workload, ref: dict, backend: Backend, cfg: RunConfig,
-                     base_row: dict) -> dict:
+                     base_row: dict, verify: bool | None = None) -> dict:
     """Measures one backend on one case; always returns a row (exceptions become `error` rows)."""
     row = R.make_row(status="error", **base_row, backend=backend.name, timestamp=utc_now())
     with contextlib.suppress(Exception):
@@ -196,8 +202,9 @@ def run_backend_case(case: Case, w: Workload, ref: dict, backend: Backend, cfg: 
                        calls_per_sample=timing.calls_per_sample)
             notes = [m for m in (verdict.message(), timing.note) if m]
             status = "ok" if verdict.ok else "incorrect"
-            if cfg.device == "cuda" and cfg.verify_kernels and \
-                    type(backend).check_kernels is not Backend.check_kernels:
+            if verify is None:
+                verify = cfg.verify_kernels != "off"
+            if cfg.device == "cuda" and verify and type(backend).check_kernels is not Backend.check_kernels:
                 names = _kernel_names(call, cfg.device)
                 row["kernels"] = names[:60]
                 path_ok, why = backend.check_kernels(case.phase, names)
@@ -255,6 +262,7 @@ class Runner:
         self.progress, self.echo = progress, echo
         self.done = {R.row_key(r) for r in results["rows"] if r["status"] in ("ok", "incorrect")}
         self.avail = availability(backends, cfg.device)
+        self.verified: set[tuple] = set()  # (backend, phase, preset) whose kernel path was checked
 
     def _save(self) -> None:
         if self.out is not None:
@@ -322,7 +330,11 @@ class Runner:
             _free(cfg.device)
             return
         for b in runnable:
-            row = run_backend_case(case, w, ref, b, cfg, base)
+            group = (b.name, case.phase, case.preset.name)
+            verify = cfg.verify_kernels == "each" or (cfg.verify_kernels == "first" and group not in self.verified)
+            row = run_backend_case(case, w, ref, b, cfg, base, verify=verify)
+            if "kernels" in row and row["status"] != "error":
+                self.verified.add(group)
             if note:
                 row["message"] = "; ".join(m for m in (note, row["message"]) if m)
             self._add(row)
