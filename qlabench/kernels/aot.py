@@ -41,8 +41,7 @@ def forward_kernels(h_qk: int, h_v: int, arch: str, dtype: str = "bfloat16",
     return jobs
 
 
-def backward_kernels(h_qk: int, h_v: int, arch: str, dtype: str = "bfloat16",
-                     state_layouts=(False, True)) -> list[tuple[str, str, object]]:
+def backward_kernels(h_qk: int, h_v: int, arch: str, dtype: str = "bfloat16") -> list[tuple[str, str, object]]:
     """(name, config text, thunk) for the backward kernels, when the architecture has them."""
     a = arch_by_name(arch)
     if not a.has_backward:
@@ -55,9 +54,9 @@ def backward_kernels(h_qk: int, h_v: int, arch: str, dtype: str = "bfloat16",
 
     jobs = [("chunk_local_cumsum_reverse", f"H={h_v} C={a.chunk_size}",
              lambda: chunk_local_cumsum_kernel(h_v, a.chunk_size, True, a.name))]
-    for vf in state_layouts:
-        jobs.append(("backward", f"hk{h_qk}_hv{h_v} {dtype} {'vk' if vf else 'kv'}",
-                     lambda vf=vf: compile_backward_kernels(h_qk, h_v, dtype, vf, a.name)))
+    # one kernel set serves both state layouts (the host transposes the per-sequence states)
+    jobs.append(("backward (4 kernels)", f"hk{h_qk}_hv{h_v} {dtype}",
+                 lambda: compile_backward_kernels(h_qk, h_v, dtype=dtype, target=a.name)))
     return jobs
 
 
@@ -70,7 +69,7 @@ def compile_all(heads: list[tuple[int, int]], arch: str, dtypes=("bfloat16",), s
         for dtype in dtypes:
             jobs = forward_kernels(h_qk, h_v, arch, dtype, state_layouts)
             if backward:
-                jobs += backward_kernels(h_qk, h_v, arch, dtype, state_layouts)
+                jobs += backward_kernels(h_qk, h_v, arch, dtype)
             for name, config, thunk in jobs:
                 if (name, config) in seen:
                     continue

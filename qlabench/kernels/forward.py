@@ -44,8 +44,9 @@ def chunk_gated_delta_rule_fwd(
     """
     p = validate(q, k, v, g, beta, scale, initial_state, cu_seqlens, state_v_first, for_kernels=True)
     arch = arch or arch_for_device(q.device)
-    from .hopper.chunk_fwd import chunk_fwd_kernel
     from .hopper.kkt_solve import kkt_solve_kernel
+
+    chunk_fwd_kernel = _recurrence_kernel()
 
     C = arch.chunk_size
     dtype = _DTYPE_NAMES[q.dtype]
@@ -81,6 +82,19 @@ def chunk_gated_delta_rule_fwd(
         h if output_h else None,
         ht if output_final_state else None,
     )
+
+
+def _recurrence_kernel():
+    """The chunk-recurrence kernel factory; QLABENCH_FWD_KERNEL=simple|pipelined picks one (A/B runs)."""
+    import os
+
+    if os.environ.get("QLABENCH_FWD_KERNEL", "simple") == "pipelined":
+        from .hopper.chunk_fwd_pipelined import chunk_fwd_pipelined_kernel
+
+        return chunk_fwd_pipelined_kernel
+    from .hopper.chunk_fwd import chunk_fwd_kernel
+
+    return chunk_fwd_kernel
 
 
 _SM_COUNTS: dict = {}

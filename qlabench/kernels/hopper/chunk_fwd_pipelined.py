@@ -1,0 +1,167 @@
+"""chunk_fwd_pipelined: chunk_fwd with its input loads software-pipelined (2 stages, TMA producer).
+
+Formula per chunk (gate-free A_k from kkt_solve, gam = in-chunk cumsum of g, e = exp(gam),
+r = exp(gam_C - gam), Gam[i, j] = exp(gam_i - gam_j) for j <= i else 0; S is K x BV, fp32):
+
+    U  = K S                      W  = V - diag(e) U
+    Ag = Gam .* A_k .* beta_col   Vd = Ag W
+    O  = scale diag(e) Q S + (scale Gam .* Q K^T) Vd
+    S  = exp(gam_C) S + K^T diag(r) Vd
+
+V tiling is exact: every V column has its own recurrence. Rows past the sequence end are loaded as
+zero (k = q = v = 0, beta = 0) and their gam is clamped to the last real token, so the padded
+chunk leaves the state as the reference does.
+
+Difference from chunk_fwd: Q, K, V and A of chunk c + 1 are loaded by TileLang's automatic producer
+warpgroup (TMA, 2-stage ring) while chunk c computes. The loads are unmasked tiles [t0, t0 + C);
+rows past the sequence end (the next sequence, or the padding tail) are kept out of the result by
+selects, never by multiplying with zero (so non-finite data there cannot leak in), and by zeroing
+K's padded rows before the state update.
+Grid: (V / BV, N * H_v). Threads: 128 consumer (one warpgroup, every step in order) + 128 producer.
+GEMMs per chunk (wgmma, smem operands, fp32 accumulate): K S 64xBVx128, Q K^T 64x64x128,
+Ag W 64xBVx64, Q S 64xBVx128, Pm Vd 64xBVx64, K^T Vr 128xBVx64.
+Registers: S (K x BV fp32) stays in registers across chunks.
+Shared memory (BV = 64): Q, K 2 x 16 KB, V 8 KB, A 8 KB, S 16 KB, W, Vd, Vr 3 x 8 KB, Pm, Ag
+2 x 8 KB, gam/beta 0.5 KB: ~104 KB.
+Extras: optional per-chunk start states h (bf16), final state (fp32); the block of the last
+sequence zero-fills o on the padding tail after cu_seqlens[-1].
+"""
+
+import functools
+
+import tilelang.language as T
+
+from ..common.build import compile_for
+
+
+@functools.lru_cache(maxsize=None)
+def chunk_fwd_pipelined_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str, state_v_first: bool,
+                     arch: str):
+    """Compiled forward for one head configuration; scale and the h0 / final-state / h switches are
+    runtime arguments so that one binary serves every call of the configuration."""
+    group = h_v // h_qk
+    NV = V // BV
+    n_tok = T.dynamic("n_tok")
+    n_cu = T.dynamic("n_cu")
+    n_h0 = T.dynamic("n_h0")
+    n_ht = T.dynamic("n_ht")
+    n_hc = T.dynamic("n_hc")
+    state_shape = (h_v, V, K) if state_v_first else (h_v, K, V)
+
+    @T.prim_func
+    def chunk_fwd_pipelined(
+        q: T.Tensor((n_tok, h_qk, K), dtype),
+        k: T.Tensor((n_tok, h_qk, K), dtype),
+        v: T.Tensor((n_tok, h_v, V), dtype),
+        g_cumsum: T.Tensor((n_tok, h_v), "float32"),
+        beta: T.Tensor((n_tok, h_v), "float32"),
+        A: T.Tensor((n_tok, h_v, C), dtype),
+        cu_seqlens: T.Tensor((n_cu,), "int32"),
+        chunk_offsets: T.Tensor((n_cu,), "int32"),
+        h0: T.Tensor((n_h0,) + state_shape, "float32"),
+        o: T.Tensor((n_tok, h_v, V), dtype),
+        ht: T.Tensor((n_ht,) + state_shape, "float32"),
+        h_out: T.Tensor((n_hc,) + state_shape, dtype),
+        scale: T.float32,
+        has_h0: T.int32,
+        store_final: T.int32,
+        store_h: T.int32,
+    ):
+        with T.Kernel(NV, (n_cu - 1) * h_v, threads=128) as (iv, nh):
+            Q_s = T.alloc_shared((C, K), dtype)
+            K_s = T.alloc_shared((C, K), dtype)
+            V_s = T.alloc_shared((C, BV), dtype)
+            A_s = T.alloc_shared((C, C), dtype)
+            S_s = T.alloc_shared((K, BV), dtype)
+            W_s = T.alloc_shared((C, BV), dtype)
+            Vd_s = T.alloc_shared((C, BV), dtype)
+            Vr_s = T.alloc_shared((C, BV), dtype)
+            P_s = T.alloc_shared((C, C), dtype)
+            Ag_s = T.alloc_shared((C, C), dtype)
+            gam_s = T.alloc_shared((C,), "float32")
+            beta_s = T.alloc_shared((C,), "float32")
+            S_f = T.alloc_fragment((K, BV), "float32")
+            U_f = T.alloc_fragment((C, BV), "float32")
+            P_f = T.alloc_fragment((C, C), "float32")
+            O_f = T.alloc_fragment((C, BV), "float32")
+            gam_last = T.alloc_var("float32")
+
+            n = nh // h_v
+            h = nh % h_v
+            hk = h // group
+            v0 = iv * BV
+            bos = cu_seqlens[n]
+            eos = cu_seqlens[n + 1]
+
+            for i, j in T.Parallel(K, BV):
+                if state_v_first:
+                    S_f[i, j] = T.if_then_else(has_h0 != 0, h0[n, h, v0 + j, i], 0.0)
+                else:
+                    S_f[i, j] = T.if_then_else(has_h0 != 0, h0[n, h, i, v0 + j], 0.0)
+
+            for c in T.Pipelined(T.ceildiv(eos - bos, C), num_stages=2):
+                t0 = bos + c * C
+                T.copy(q[t0:t0 + C, hk, :], Q_s)
+                T.copy(k[t0:t0 + C, hk, :], K_s)
+                T.copy(v[t0:t0 + C, h, v0:v0 + BV], V_s)
+                T.copy(A[t0:t0 + C, h, :], A_s)
+                for i in T.Parallel(C):
+                    gam_s[i] = g_cumsum[T.min(t0 + i, eos - 1), h]
+                    beta_s[i] = T.if_then_else(t0 + i < eos, beta[t0 + i, h], 0.0)
+                T.copy(S_f, S_s)
+                if store_h != 0:
+                    for i, j in T.Parallel(K, BV):
+                        if state_v_first:
+                            h_out[chunk_offsets[n] + c, h, v0 + j, i] = S_s[i, j]
+                        else:
+                            h_out[chunk_offsets[n] + c, h, i, v0 + j] = S_s[i, j]
+                gam_last = gam_s[C - 1]
+
+                T.gemm(K_s, S_s, U_f, clear_accum=True)
+                T.gemm(Q_s, K_s, P_f, transpose_B=True, clear_accum=True)
+                for i, j in T.Parallel(C, BV):
+                    W_s[i, j] = T.if_then_else(
+                        t0 + i < eos, T.cast(V_s[i, j] - T.exp(gam_s[i]) * U_f[i, j], dtype), T.cast(0, dtype))
+                for i, j in T.Parallel(C, C):
+                    keep = T.And(j <= i, t0 + i < eos)
+                    decay = T.exp(T.min(gam_s[i] - gam_s[j], 0.0))
+                    P_s[i, j] = T.if_then_else(keep, T.cast(scale * decay * P_f[i, j], dtype), T.cast(0, dtype))
+                    Ag_s[i, j] = T.if_then_else(keep, T.cast(decay * A_s[i, j] * beta_s[j], dtype),
+                                                T.cast(0, dtype))
+
+                T.gemm(Ag_s, W_s, U_f, clear_accum=True)  # U_f now holds Vd
+                for i, j in T.Parallel(C, BV):
+                    Vd_s[i, j] = T.cast(U_f[i, j], dtype)
+                    Vr_s[i, j] = T.if_then_else(
+                        t0 + i < eos, T.cast(T.exp(gam_last - gam_s[i]) * U_f[i, j], dtype), T.cast(0, dtype))
+                if t0 + C > eos:
+                    for i, d in T.Parallel(C, K):
+                        if t0 + i >= eos:
+                            K_s[i, d] = T.cast(0, dtype)
+
+                T.gemm(Q_s, S_s, O_f, clear_accum=True)
+                for i, j in T.Parallel(C, BV):
+                    O_f[i, j] = O_f[i, j] * (scale * T.exp(gam_s[i]))
+                T.gemm(P_s, Vd_s, O_f)
+                for i, j in T.Parallel(C, BV):
+                    if t0 + i < eos:
+                        o[t0 + i, h, v0 + j] = T.cast(O_f[i, j], dtype)
+
+                for i, j in T.Parallel(K, BV):
+                    S_f[i, j] = S_f[i, j] * T.exp(gam_last)
+                T.gemm(K_s, Vr_s, S_f, transpose_A=True)
+
+            if store_final != 0:
+                for i, j in T.Parallel(K, BV):
+                    if state_v_first:
+                        ht[n, h, v0 + j, i] = S_f[i, j]
+                    else:
+                        ht[n, h, i, v0 + j] = S_f[i, j]
+
+            if n == n_cu - 2:
+                for c in T.serial(T.ceildiv(n_tok - eos, C)):
+                    for i, j in T.Parallel(C, BV):
+                        if eos + c * C + i < n_tok:
+                            o[eos + c * C + i, h, v0 + j] = T.cast(0, dtype)
+
+    return compile_for(chunk_fwd_pipelined, arch)
