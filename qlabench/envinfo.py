@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import importlib.metadata as md
+import os
 import re
 import shutil
 import socket
@@ -52,10 +53,18 @@ def _run(cmd: list[str], cwd=None, timeout: float = 10.0) -> str | None:
 
 
 def git_info() -> tuple[str | None, bool | None]:
-    """(commit, dirty) of the qlabench checkout; (None, None) outside git."""
+    """(commit, dirty) of the qlabench checkout; (None, None) outside git.
+
+    A copy of the tree without .git (e.g. shipped to a GPU host) can name its commit in the
+    environment: QLABENCH_GIT_COMMIT (and QLABENCH_GIT_DIRTY=0/1).
+    """
     root = Path(qlabench.__file__).resolve().parent.parent
     commit = _run(["git", "rev-parse", "HEAD"], cwd=root)
     if commit is None:
+        env_commit = os.environ.get("QLABENCH_GIT_COMMIT")
+        if env_commit:
+            dirty = os.environ.get("QLABENCH_GIT_DIRTY")
+            return env_commit, (dirty == "1") if dirty in ("0", "1") else None
         return None, None
     status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root)
     return commit, bool(status) if status is not None else None

@@ -57,7 +57,7 @@ class FlaTriton(Backend):
             from fla.ops.gated_delta_rule import chunk_gated_delta_rule
         except Exception as e:  # noqa: BLE001 - ImportError without triton, or anything else at import
             return False, f"import fla.ops.gated_delta_rule failed: {type(e).__name__}: {e}"
-        type(self)._fn = chunk_gated_delta_rule
+        type(self)._fn = staticmethod(chunk_gated_delta_rule)  # a plain attribute would bind self as q
         if preloaded:
             # FLA was imported before the switch was set; the kernel-name check still guards the column
             return True, "warning: fla was imported before FLA_FLASH_QLA=0 was set"

@@ -32,7 +32,7 @@ class FlashQLA(Backend):
         fn = getattr(flash_qla, "chunk_gated_delta_rule", None)
         if fn is None:
             return False, "flash_qla has no chunk_gated_delta_rule"
-        type(self)._fn = fn
+        type(self)._fn = staticmethod(fn)  # a plain attribute would bind self as q
         import inspect
 
         with contextlib.suppress(TypeError, ValueError):
