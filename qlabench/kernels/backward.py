@@ -8,12 +8,21 @@ padding tail. The math of each kernel, step for step, is in ``emulate_bwd.py``:
     bwd_state  grid (NCmax, H_v)       per chunk, full V: dAg, dPg, dq0, dk0, dgam0 (fp32)
     bwd_intra  grid (NCmax, H_v)       per chunk: dq, dk (per v-head, fp32), dbeta, dg (raw gate)
 
+Variant ``v2`` (env ``QLABENCH_BWD_KERNEL=v2``) adds a parallel first launch and pipelines the two
+chunk recurrences (same values, same bf16 staging):
+
+    bwd_prepare  grid (NCmax, H_v)     per chunk: Pg, Ag (bf16 C x C masks), factors e, r, beta
+    bwd_h        ``bwd_h_pipelined``   (reads the factors; TMA ring, 256 + 128 threads)
+    bwd_dh       ``bwd_dh_pipelined``  (reads Pg, Ag, factors; no exp or mask in the serial loop)
+
 Kernels keep every state in the `[K, V]` layout; for ``state_v_first`` the host transposes the
 per-sequence h0 / dht / dh0 (small), so one compiled kernel set serves both layouts. Nothing here
 syncs with the host (chunk tables are built on the device).
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -75,28 +84,59 @@ def _arch_name(target) -> str:
     return arch_by_name(target).name
 
 
-def _kernels(h_qk: int, h_v: int, dtype: str, arch: str) -> dict:
-    """The four compiled kernels of one configuration (each factory is lru_cached)."""
+_VARIANTS = ("v1", "v2")
+
+
+def _variant(variant=None) -> str:
+    """The kernel set: ``variant`` if given, else env ``QLABENCH_BWD_KERNEL`` (default ``v1``)."""
+    name = variant if variant is not None else os.environ.get("QLABENCH_BWD_KERNEL", "v1")
+    if name not in _VARIANTS:
+        raise ValueError(f"backward kernel variant must be one of {_VARIANTS}, got {name!r}")
+    return name
+
+
+def _kernels(h_qk: int, h_v: int, dtype: str, arch: str, variant=None) -> dict:
+    """The compiled kernels of one configuration (each factory is lru_cached).
+
+    v1: bwd_h, bwd_dh, bwd_state, bwd_intra. v2: bwd_prepare first, and the pipelined bwd_h / bwd_dh
+    (their argument lists differ; ``_bwd_impl`` tells the variants apart by the "bwd_prepare" key).
+    """
     a = arch_by_name(arch)
     if a.name != "sm90":
         raise ValueError(f"backward kernels exist for sm90 only, got {a.name}")
-    from .hopper.bwd_dh import bwd_dh_kernel
-    from .hopper.bwd_h import bwd_h_kernel
     from .hopper.bwd_intra import bwd_intra_kernel
     from .hopper.bwd_state import bwd_state_kernel
 
     K = V = _HEAD_DIM
     C = a.chunk_size
-    return {
-        "bwd_h": bwd_h_kernel(h_qk, h_v, K, V, _BV, C, dtype, a.name),
-        "bwd_dh": bwd_dh_kernel(h_qk, h_v, K, V, _BV, C, dtype, a.name),
-        "bwd_state": bwd_state_kernel(h_qk, h_v, K, V, C, dtype, a.name),
-        "bwd_intra": bwd_intra_kernel(h_qk, h_v, K, C, dtype, a.name),
-    }
+    if _variant(variant) == "v2":
+        from .hopper.bwd_dh_pipelined import bwd_dh_pipelined_kernel
+        from .hopper.bwd_h_pipelined import bwd_h_pipelined_kernel
+        from .hopper.bwd_prepare import bwd_prepare_kernel
+
+        out = {
+            "bwd_prepare": bwd_prepare_kernel(h_qk, h_v, K, C, dtype, a.name),
+            "bwd_h": bwd_h_pipelined_kernel(h_qk, h_v, K, V, _BV, C, dtype, a.name),
+            "bwd_dh": bwd_dh_pipelined_kernel(h_qk, h_v, K, V, _BV, C, dtype, a.name),
+        }
+    else:
+        from .hopper.bwd_dh import bwd_dh_kernel
+        from .hopper.bwd_h import bwd_h_kernel
+
+        out = {
+            "bwd_h": bwd_h_kernel(h_qk, h_v, K, V, _BV, C, dtype, a.name),
+            "bwd_dh": bwd_dh_kernel(h_qk, h_v, K, V, _BV, C, dtype, a.name),
+        }
+    out["bwd_state"] = bwd_state_kernel(h_qk, h_v, K, V, C, dtype, a.name)
+    out["bwd_intra"] = bwd_intra_kernel(h_qk, h_v, K, C, dtype, a.name)
+    return out
 
 
-def compile_backward_kernels(h_qk, h_v, scale=None, dtype="bfloat16", state_v_first=False, target="sm90"):
+def compile_backward_kernels(h_qk, h_v, scale=None, dtype="bfloat16", state_v_first=False, target="sm90",
+                             variant=None):
     """Compiles every backward kernel of one configuration for ``target`` (no GPU needed).
+
+    ``variant`` picks the kernel set ("v1" or "v2"; default: env ``QLABENCH_BWD_KERNEL``, else v1).
 
     ``scale`` and ``state_v_first`` do not specialise the kernels (scale is a runtime argument, the
     host transposes states) and are accepted for a uniform signature. The older positional form
@@ -116,7 +156,7 @@ def compile_backward_kernels(h_qk, h_v, scale=None, dtype="bfloat16", state_v_fi
         raise ValueError(f"scale must be a positive float or None, got {scale!r}")
     if not isinstance(state_v_first, bool):
         raise TypeError(f"state_v_first must be a bool, got {state_v_first!r}")
-    return _kernels(h_qk, h_v, _dtype_name(dtype), _arch_name(target))
+    return _kernels(h_qk, h_v, _dtype_name(dtype), _arch_name(target), variant)
 
 
 def _check_inputs(q, k, v, g_cumsum, beta, A, do, dht, scale, initial_state, cu_seqlens, state_v_first,
@@ -198,13 +238,21 @@ def _bwd_impl(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens,
     h0, dht2 = state_in(initial_state), state_in(dht)
 
     h = _alloc((ncmax, H, p.K, p.V), dtype, dev)
-    kernels["bwd_h"](k2, v2, g2, b2, A2, cu, offsets, h0, h)
-
     dh = _alloc((ncmax, H, p.K, p.V), dtype, dev)
     dvp = _alloc((BT, H, p.V), dtype, dev)
     dv = _alloc((BT, H, p.V), dtype, dev)
     dh0 = _alloc((p.N, H, p.K, p.V), f32, dev)
-    kernels["bwd_dh"](q2, k2, do2, g2, b2, A2, cu, offsets, dht2, dh, dvp, dv, dh0, p.scale)
+    if "bwd_prepare" in kernels:  # v2: masks and factors in parallel, pipelined recurrences
+        Pg = _alloc((BT, H, C), dtype, dev)
+        Ag = _alloc((BT, H, C), dtype, dev)
+        fac = _alloc((ncmax, H, 3, C), f32, dev)
+        kernels["bwd_prepare"](q2, k2, g2, b2, A2, bounds, Pg, Ag, fac, p.scale)
+        kernels["bwd_h"](k2, v2, A2, fac, cu, offsets, h0, h)
+        kernels["bwd_dh"](q2, k2, do2, Pg, Ag, fac, cu, offsets, dht2, dh, dvp, dv, dh0, p.scale)
+        del Pg, Ag, fac
+    else:
+        kernels["bwd_h"](k2, v2, g2, b2, A2, cu, offsets, h0, h)
+        kernels["bwd_dh"](q2, k2, do2, g2, b2, A2, cu, offsets, dht2, dh, dvp, dv, dh0, p.scale)
 
     dAg = _alloc((BT, H, C), f32, dev)
     dPg = _alloc((BT, H, C), f32, dev)
@@ -220,15 +268,22 @@ def _bwd_impl(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens,
     dg = _alloc((BT, H), f32, dev)
     kernels["bwd_intra"](q2, k2, g2, b2, A2, dAg, dPg, dq0, dk0, dgam0, bounds, dq_v, dk_v, dbeta, dg, p.scale)
 
-    tail = torch.arange(BT, device=dev) >= cu[-1]
     if G > 1:
         dq_v = dq_v.view(BT, p.h_qk, G, p.K).sum(2)
         dk_v = dk_v.view(BT, p.h_qk, G, p.K).sum(2)
-    dq = dq_v.masked_fill(tail[:, None, None], 0).to(dtype).reshape(p.B, p.T, p.h_qk, p.K)
-    dk = dk_v.masked_fill(tail[:, None, None], 0).to(dtype).reshape(p.B, p.T, p.h_qk, p.K)
-    dv = dv.masked_fill(tail[:, None, None], 0).reshape(p.B, p.T, H, p.V)
-    dbeta = dbeta.masked_fill(tail[:, None], 0).to(beta.dtype).reshape(p.B, p.T, H)
-    dg = dg.masked_fill(tail[:, None], 0).reshape(p.B, p.T, H)
+    if cu_seqlens is not None:
+        # Zero the padding tail after cu_seqlens[-1] in place (every buffer here is our own; an
+        # out-of-place masked_fill would clone each tensor first). Dense inputs have no tail.
+        tail = torch.arange(BT, device=dev) >= cu[-1]
+        for x in (dq_v, dk_v, dv):
+            x.masked_fill_(tail[:, None, None], 0)
+        for x in (dbeta, dg):
+            x.masked_fill_(tail[:, None], 0)
+    dq = dq_v.to(dtype).reshape(p.B, p.T, p.h_qk, p.K)
+    dk = dk_v.to(dtype).reshape(p.B, p.T, p.h_qk, p.K)
+    dv = dv.reshape(p.B, p.T, H, p.V)
+    dbeta = dbeta.to(beta.dtype).reshape(p.B, p.T, H)
+    dg = dg.reshape(p.B, p.T, H)
     if initial_state is None:
         return dq, dk, dv, dbeta, dg, None
     dh0 = (dh0.transpose(-1, -2) if state_v_first else dh0).to(initial_state.dtype).contiguous()

@@ -38,7 +38,7 @@ import torch
 
 from .validate import validate
 
-__all__ = ["emulate_chunk_gated_delta_rule_bwd"]
+__all__ = ["KERNEL_TWINS", "KERNEL_TWINS_V2", "emulate_chunk_gated_delta_rule_bwd"]
 
 F64 = torch.float64
 
@@ -77,30 +77,39 @@ def _t(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(-1, -2)
 
 
-def _emu_h(S, K_c, V_c, A_c, b, r, gC, st):
-    """bwd_h, one chunk. Returns (h[c] as staged, next S fp32)."""
+def _emu_h(S, K_c, V_c, A_c, b, r, egC, st):
+    """bwd_h, one chunk (``egC`` = exp(gam_C)). Returns (h[c] as staged, next S fp32)."""
     S_s = st(S)
     KS = K_c @ S_s
-    Y_s = st(r[..., None] * V_c - torch.exp(gC)[:, None, None] * KS)
+    Y_s = st(r[..., None] * V_c - egC[:, None, None] * KS)
     Ab_s = st(A_c * b[:, None, :])
     Z_s = st(Ab_s @ Y_s)
-    S_next = torch.exp(gC)[:, None, None] * S + _t(K_c) @ Z_s
+    S_next = egC[:, None, None] * S + _t(K_c) @ Z_s
     return S_s, S_next
 
 
-def _emu_dh(dS, Q_c, K_c, dO_c, A_c, b, e, r, gC, Gam, scale, st):
-    """bwd_dh, one chunk. Returns (dh[c] staged, dV' (fp32), dv (fp32), dS for the chunk before)."""
-    dS_s = st(dS)
+def _emu_masks(Q_c, K_c, A_c, b, Gam, scale, st):
+    """The bf16 masks (Pg, Ag) of one chunk: formed inside bwd_dh (v1) or by bwd_prepare (v2)."""
     P = Q_c @ _t(K_c)
-    Pg_s = st(scale * Gam * P)
-    Ag_s = st(Gam * A_c * b[:, None, :])
+    return st(scale * Gam * P), st(Gam * A_c * b[:, None, :])
+
+
+def _emu_dh_core(dS, Q_c, K_c, dO_c, Pg_s, Ag_s, e, r, egC, scale, st):
+    """bwd_dh's serial step given the staged masks. Returns (dh[c] staged, dV', dv, dS before)."""
+    dS_s = st(dS)
     dVp = r[..., None] * (K_c @ dS_s) + _t(Pg_s) @ dO_c
     dVp_s = st(dVp)
     dW = _t(Ag_s) @ dVp_s
     dU_s = st(-e[..., None] * dW)
     eDO_s = st(scale * e[..., None] * dO_c)
-    dS_prev = torch.exp(gC)[:, None, None] * dS + _t(K_c) @ dU_s + _t(Q_c) @ eDO_s
+    dS_prev = egC[:, None, None] * dS + _t(K_c) @ dU_s + _t(Q_c) @ eDO_s
     return dS_s, dVp, dW, dS_prev
+
+
+def _emu_dh(dS, Q_c, K_c, dO_c, A_c, b, e, r, gC, Gam, scale, st):
+    """bwd_dh, one chunk. Returns (dh[c] staged, dV' (fp32), dv (fp32), dS for the chunk before)."""
+    Pg_s, Ag_s = _emu_masks(Q_c, K_c, A_c, b, Gam, scale, st)
+    return _emu_dh_core(dS, Q_c, K_c, dO_c, Pg_s, Ag_s, e, r, torch.exp(gC), scale, st)
 
 
 def _emu_state(K_c, V_c, dO_c, dVp_c, dv_c, A_c, S0, dS, b, e, r, gC, Gam, last, scale, st):
@@ -211,7 +220,7 @@ def emulate_chunk_gated_delta_rule_bwd(
         hs = []
         for ch in chunks:
             _, b, _, r, gC, _ = ch["gates"]
-            S_s, S = _emu_h(S, ch["K"], ch["V"], ch["A"], b, r, gC, st)
+            S_s, S = _emu_h(S, ch["K"], ch["V"], ch["A"], b, r, torch.exp(gC), st)
             hs.append(S_s)
         # bwd_dh: reverse pass, stores dh (staged), dV' (staged) and dv.
         dS = dht_[n]
@@ -273,7 +282,7 @@ def twin_bwd_h(k, v, g_cumsum, beta, A, cu_seqlens, chunk_offsets, h0, h_out):
             end = min(t0 + C, cu[n + 1])
             _, b, _, r, gC, _ = _chunk_gates(gf, bf, t0, end, C)
             S_s, S = _emu_h(S, _chunk_rows(kf, t0, end, C), _chunk_rows(vf, t0, end, C),
-                            _chunk_rows(Af, t0, end, C), b, r, gC, st)
+                            _chunk_rows(Af, t0, end, C), b, r, torch.exp(gC), st)
             h_out[off[n] + c] = S_s.to(h_out.dtype)
 
 
@@ -340,3 +349,69 @@ def twin_bwd_intra(q, k, g_cumsum, beta, A, dAg, dPg, dq0, dk0, dgam0, chunk_bou
 
 KERNEL_TWINS = {"bwd_h": twin_bwd_h, "bwd_dh": twin_bwd_dh, "bwd_state": twin_bwd_state,
                 "bwd_intra": twin_bwd_intra}
+
+
+# Variant v2 (QLABENCH_BWD_KERNEL=v2): bwd_prepare, then the pipelined recurrences reading its output.
+
+
+def twin_bwd_prepare(q, k, g_cumsum, beta, A, chunk_bounds, Pg_out, Ag_out, fac_out, scale):
+    C, H = A.shape[-1], A.shape[1]
+    st = _Stager(Pg_out.dtype)
+    qf, kf = _expand_heads(q, H), _expand_heads(k, H)
+    gf, bf, Af = g_cumsum.to(F64), beta.to(F64), A.to(F64)
+    for c, (t0, end) in enumerate(chunk_bounds.tolist()):
+        if t0 >= end:
+            continue
+        _, b, e, r, _, Gam = _chunk_gates(gf, bf, t0, end, C)
+        Pg_s, Ag_s = _emu_masks(_chunk_rows(qf, t0, end, C), _chunk_rows(kf, t0, end, C),
+                                _chunk_rows(Af, t0, end, C), b, Gam, scale, st)
+        Pg_out[t0:end] = Pg_s.movedim(0, 1)[: end - t0].to(Pg_out.dtype)
+        Ag_out[t0:end] = Ag_s.movedim(0, 1)[: end - t0].to(Ag_out.dtype)
+        fac_out[c] = torch.stack([e, r, b], 1).to(fac_out.dtype)
+
+
+def _factors(fac, ci):
+    """(e, r, beta, exp(gam_C)) of chunk-table row ``ci`` from bwd_prepare's factor table."""
+    f = fac[ci].to(F64)  # [H, 3, C]
+    return f[:, 0], f[:, 1], f[:, 2], f[:, 0, -1]
+
+
+def twin_bwd_h_pipelined(k, v, A, fac, cu_seqlens, chunk_offsets, h0, h_out):
+    C, H = A.shape[-1], v.shape[1]
+    st = _Stager(h_out.dtype)
+    kf, vf, Af = _expand_heads(k, H), v.to(F64), A.to(F64)
+    cu, off = cu_seqlens.tolist(), chunk_offsets.tolist()
+    for n in range(len(cu) - 1):
+        S = h0[n].to(F64)
+        for c, t0 in enumerate(range(cu[n], cu[n + 1], C)):
+            end = min(t0 + C, cu[n + 1])
+            _, r, b, egC = _factors(fac, off[n] + c)
+            S_s, S = _emu_h(S, _chunk_rows(kf, t0, end, C), _chunk_rows(vf, t0, end, C),
+                            _chunk_rows(Af, t0, end, C), b, r, egC, st)
+            h_out[off[n] + c] = S_s.to(h_out.dtype)
+
+
+def twin_bwd_dh_pipelined(q, k, do, Pg, Ag, fac, cu_seqlens, chunk_offsets, dht, dh_out, dvp_out, dv_out,
+                          dh0_out, scale):
+    C, H = Pg.shape[-1], do.shape[1]
+    st = _Stager(dh_out.dtype)
+    qf, kf, dof, Pgf, Agf = _expand_heads(q, H), _expand_heads(k, H), do.to(F64), Pg.to(F64), Ag.to(F64)
+    cu, off = cu_seqlens.tolist(), chunk_offsets.tolist()
+    for n in range(len(cu) - 1):
+        dS = dht[n].to(F64)
+        starts = list(range(cu[n], cu[n + 1], C))
+        for c in reversed(range(len(starts))):
+            t0 = starts[c]
+            end = min(t0 + C, cu[n + 1])
+            e, r, _, egC = _factors(fac, off[n] + c)
+            dS_s, dVp, dW, dS = _emu_dh_core(dS, _chunk_rows(qf, t0, end, C), _chunk_rows(kf, t0, end, C),
+                                             _chunk_rows(dof, t0, end, C), _chunk_rows(Pgf, t0, end, C),
+                                             _chunk_rows(Agf, t0, end, C), e, r, egC, scale, st)
+            dh_out[off[n] + c] = dS_s.to(dh_out.dtype)
+            dvp_out[t0:end] = dVp.movedim(0, 1)[: end - t0].to(dvp_out.dtype)
+            dv_out[t0:end] = dW.movedim(0, 1)[: end - t0].to(dv_out.dtype)
+        dh0_out[n] = dS.to(dh0_out.dtype)
+
+
+KERNEL_TWINS_V2 = {"bwd_prepare": twin_bwd_prepare, "bwd_h": twin_bwd_h_pipelined,
+                   "bwd_dh": twin_bwd_dh_pipelined, "bwd_state": twin_bwd_state, "bwd_intra": twin_bwd_intra}

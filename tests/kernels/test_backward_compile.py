@@ -23,3 +23,17 @@ def test_compile_backward_kernels_sm90a():
     again = compile_backward_kernels(2, 4, 0.5, "bfloat16", True, "sm90")
     assert all(again[n] is kernels[n] for n in kernels)
     assert compile_backward_kernels(2, 4, "bfloat16", True, SM90A)["bwd_h"] is kernels["bwd_h"]
+
+
+def test_compile_backward_kernels_v2_sm90a():
+    """Variant v2: the parallel bwd_prepare and the TMA-pipelined recurrences (warp-specialised)."""
+    kernels = compile_backward_kernels(2, 4, dtype="bfloat16", target=SM90A, variant="v2")
+    assert sorted(kernels) == ["bwd_dh", "bwd_h", "bwd_intra", "bwd_prepare", "bwd_state"]
+    for name, kernel in kernels.items():
+        src = kernel.get_kernel_source()
+        assert "wgmma" in src, f"{name}: no wgmma in the generated CUDA"
+        if name != "bwd_h":  # bwd_h reads tokens only through TMA descriptors (built on the host)
+            assert re.search(r"int\s+n_tok", src), f"{name}: token count is not dynamic"
+    for name in ("bwd_h", "bwd_dh"):
+        src = kernels[name].get_kernel_source()
+        assert "tma_load" in src and "warpgroup_reg_alloc" in src, f"{name}: loads are not TMA-pipelined"

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from qlabench.kernels import backward
-from qlabench.kernels.emulate_bwd import KERNEL_TWINS
+from qlabench.kernels.emulate_bwd import KERNEL_TWINS, KERNEL_TWINS_V2
 from qlabench.kernels.reference import chunk_gated_delta_rule_ref, chunk_intermediates_ref
 from qlabench.kernels.validate import validate
 
@@ -85,7 +85,7 @@ def problem(case: Case, D: int = 128):
     return want, args
 
 
-def run_twins(args, monkeypatch):
+def run_twins(args, monkeypatch, twins=KERNEL_TWINS):
     def nan_alloc(shape, dtype, device):
         return torch.full(shape, float("nan"), dtype=dtype, device=device)
 
@@ -94,7 +94,7 @@ def run_twins(args, monkeypatch):
                  args["initial_state"], args["cu_seqlens"], args["state_v_first"], for_kernels=True)
     out = backward._bwd_impl(p, args["q"], args["k"], args["v"], args["g_cumsum"], args["beta"], args["A"],
                              args["do"], args["dht"], args["initial_state"], args["cu_seqlens"],
-                             args["state_v_first"], 64, KERNEL_TWINS)
+                             args["state_v_first"], 64, twins)
     return dict(zip(NAMES, out))
 
 
@@ -113,10 +113,11 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("variant", ["v1", "v2"])
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_backward_host_with_kernel_twins(case, monkeypatch):
+def test_backward_host_with_kernel_twins(case, variant, monkeypatch):
     want, args = problem(case)
-    got = run_twins(args, monkeypatch)
+    got = run_twins(args, monkeypatch, {"v1": KERNEL_TWINS, "v2": KERNEL_TWINS_V2}[variant])
     assert (got["dh0"] is None) == (not case.h0)
     assert got["dq"].dtype == got["dk"].dtype == got["dv"].dtype == torch.bfloat16
     assert got["dg"].dtype == torch.float32 and got["dbeta"].dtype == args["beta"].dtype
@@ -152,6 +153,8 @@ def test_bad_arguments_raise():
         backward.compile_backward_kernels(2, 4, target={"kind": "cuda", "arch": "sm_75"})
     with pytest.raises(ValueError, match="sm90 only"):
         backward.compile_backward_kernels(2, 4, target="sm120")
+    with pytest.raises(ValueError, match="variant"):
+        backward.compile_backward_kernels(2, 4, variant="v3")
     _, args = problem(Case(T=64, h_qk=1, h_v=1))
     with pytest.raises(ValueError, match="CUDA"):
         backward.chunk_gated_delta_rule_bwd(**args)

@@ -1,0 +1,148 @@
+"""bwd_dh_pipelined: the reverse-over-chunks state-gradient pass with its per-chunk masks precomputed
+(bwd_prepare) and its loads TMA-pipelined; one block per (sequence, v-head, V tile).
+
+Formula per chunk, last chunk first (dS = gradient of the state at the chunk END, K x BV fp32 in
+registers, starting from dht; Pg = scale Gam .* Q K^T and Ag = Gam .* A_k .* beta_col come from
+bwd_prepare in bf16, e = exp(gam) and r = exp(gam_C - gam) from its per-chunk factor table):
+
+    dh[c] = dS
+    dV'   = diag(r) K dS + Pg^T dO           (gradient of v_new; stored for bwd_state)
+    dv    = Ag^T dV'                         (the final dv: v enters only through W)
+    dU    = -diag(e) dv
+    dS    = exp(gam_C) dS + K^T dU + Q^T (scale diag(e) dO)
+    after the first chunk: dh0 = dS (always written; the host drops it without h0)
+
+Same values and bf16 staging as bwd_dh (the masks and factors are formed by the same expressions,
+only in another kernel); the serial loop holds no exponential and no C x C mask.
+Every term is per V column, so V tiling is exact.
+
+Loads: Q, K, dO, Pg, Ag and the factor row of chunk c - 1 are fetched by TileLang's automatic
+producer warpgroup (TMA, 2-stage ring) while chunk c computes. The tiles are unmasked
+[t0, t0 + C); in the sequence's partial last chunk (the first one processed) the rows past the
+sequence end are zeroed in shared memory before use and dV' is cut there by a select, so data of the
+next sequence (or a non-finite padding tail) cannot leak in.
+Grid: (V / BV, N * H_v). Threads: 256 consumer (two warpgroups, every step in order, each GEMM
+split between them) + 128 producer.
+GEMMs per chunk (wgmma, smem operands, fp32 accumulate): K dS 64xBVx128, Pg^T dO 64xBVx64,
+Ag^T dV' 64xBVx64, K^T dU 128xBVx64, Q^T eDO 128xBVx64.
+Shared memory (BV = 64, bf16): ring 2 x (Q, K 2 x 16 KB, dO 8 KB, Pg, Ag 2 x 8 KB, factors
+0.75 KB) = ~114 KB; dS 16 KB, dV', dv, dU, eDO 4 x 8 KB: ~162 KB.
+scale is a runtime argument (one compiled kernel serves every scale).
+Emulated step for step by ``qlabench.kernels.emulate_bwd._emu_dh_core`` (twin ``twin_bwd_dh_pipelined``).
+"""
+
+import functools
+
+import tilelang.language as T
+
+from .bwd_common import compile_bwd
+
+
+@functools.cache
+def bwd_dh_pipelined_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str, arch: str):
+    group = h_v // h_qk
+    NV = V // BV
+    n_tok = T.dynamic("n_tok")
+    n_cu = T.dynamic("n_cu")
+    n_seq = T.dynamic("n_seq")
+    n_hc = T.dynamic("n_hc")
+    n_fc = T.dynamic("n_fc")
+
+    @T.prim_func
+    def bwd_dh_pipelined(
+        q: T.Tensor((n_tok, h_qk, K), dtype),
+        k: T.Tensor((n_tok, h_qk, K), dtype),
+        do: T.Tensor((n_tok, h_v, V), dtype),
+        Pg: T.Tensor((n_tok, h_v, C), dtype),
+        Ag: T.Tensor((n_tok, h_v, C), dtype),
+        fac: T.Tensor((n_fc, h_v, 3, C), "float32"),
+        cu_seqlens: T.Tensor((n_cu,), "int32"),
+        chunk_offsets: T.Tensor((n_cu,), "int32"),
+        dht: T.Tensor((n_seq, h_v, K, V), "float32"),
+        dh_out: T.Tensor((n_hc, h_v, K, V), dtype),
+        dvp_out: T.Tensor((n_tok, h_v, V), dtype),
+        dv_out: T.Tensor((n_tok, h_v, V), dtype),
+        dh0_out: T.Tensor((n_seq, h_v, K, V), "float32"),
+        scale: T.float32,
+    ):
+        with T.Kernel(NV, (n_cu - 1) * h_v, threads=256) as (iv, nh):
+            Q_s = T.alloc_shared((C, K), dtype)
+            K_s = T.alloc_shared((C, K), dtype)
+            dO_s = T.alloc_shared((C, BV), dtype)
+            Pg_s = T.alloc_shared((C, C), dtype)
+            Ag_s = T.alloc_shared((C, C), dtype)
+            F_s = T.alloc_shared((3, C), "float32")
+            dS_s = T.alloc_shared((K, BV), dtype)
+            dVp_s = T.alloc_shared((C, BV), dtype)
+            dW_s = T.alloc_shared((C, BV), dtype)
+            dU_s = T.alloc_shared((C, BV), dtype)
+            eDO_s = T.alloc_shared((C, BV), dtype)
+            dS_f = T.alloc_fragment((K, BV), "float32")
+            dVp_f = T.alloc_fragment((C, BV), "float32")
+            dW_f = T.alloc_fragment((C, BV), "float32")
+
+            n = nh // h_v
+            h = nh % h_v
+            hk = h // group
+            v0 = iv * BV
+            bos = cu_seqlens[n]
+            eos = cu_seqlens[n + 1]
+            cbase = chunk_offsets[n]
+            n_chunks = T.ceildiv(eos - bos, C)
+
+            T.copy(dht[n, h, :, v0:v0 + BV], dS_f)
+
+            for cr in T.Pipelined(n_chunks, num_stages=2):
+                c = n_chunks - 1 - cr
+                t0 = bos + c * C
+                T.copy(q[t0:t0 + C, hk, :], Q_s)
+                T.copy(k[t0:t0 + C, hk, :], K_s)
+                T.copy(do[t0:t0 + C, h, v0:v0 + BV], dO_s)
+                T.copy(Pg[t0:t0 + C, h, :], Pg_s)
+                T.copy(Ag[t0:t0 + C, h, :], Ag_s)
+                T.copy(fac[cbase + c, h, :, :], F_s)
+                if t0 + C > eos:
+                    # Read-modify-write selects: reading the tiles makes the pipeline wait for their
+                    # TMA loads first (a plain store of zeros would race with the load).
+                    for i, d in T.Parallel(C, K):
+                        Q_s[i, d] = T.if_then_else(t0 + i < eos, Q_s[i, d], T.cast(0, dtype))
+                        K_s[i, d] = T.if_then_else(t0 + i < eos, K_s[i, d], T.cast(0, dtype))
+                    for i, j in T.Parallel(C, BV):
+                        dO_s[i, j] = T.if_then_else(t0 + i < eos, dO_s[i, j], T.cast(0, dtype))
+                    for i, j in T.Parallel(C, C):
+                        Pg_s[i, j] = T.if_then_else(t0 + i < eos, Pg_s[i, j], T.cast(0, dtype))
+                        Ag_s[i, j] = T.if_then_else(t0 + i < eos, Ag_s[i, j], T.cast(0, dtype))
+
+                T.copy(dS_f, dS_s)
+                T.copy(dS_s, dh_out[cbase + c, h, :, v0:v0 + BV])
+                for i, j in T.Parallel(C, BV):
+                    eDO_s[i, j] = T.cast(scale * F_s[0, i] * dO_s[i, j], dtype)
+
+                T.gemm(K_s, dS_s, dVp_f, clear_accum=True)
+                for i, j in T.Parallel(C, BV):
+                    dVp_f[i, j] = dVp_f[i, j] * F_s[1, i]
+                T.gemm(Pg_s, dO_s, dVp_f, transpose_A=True)
+                for i, j in T.Parallel(C, BV):
+                    dVp_s[i, j] = T.if_then_else(t0 + i < eos, T.cast(dVp_f[i, j], dtype), T.cast(0, dtype))
+
+                T.gemm(Ag_s, dVp_s, dW_f, transpose_A=True, clear_accum=True)
+                for i, j in T.Parallel(C, BV):
+                    dW_s[i, j] = T.cast(dW_f[i, j], dtype)
+                    dU_s[i, j] = T.cast(-F_s[0, i] * dW_f[i, j], dtype)
+                if t0 + C <= eos:
+                    T.copy(dVp_s, dvp_out[t0:t0 + C, h, v0:v0 + BV])
+                    T.copy(dW_s, dv_out[t0:t0 + C, h, v0:v0 + BV])
+                else:
+                    for i, j in T.Parallel(C, BV):
+                        if t0 + i < eos:
+                            dvp_out[t0 + i, h, v0 + j] = dVp_s[i, j]
+                            dv_out[t0 + i, h, v0 + j] = dW_s[i, j]
+
+                for i, j in T.Parallel(K, BV):
+                    dS_f[i, j] = dS_f[i, j] * F_s[0, C - 1]
+                T.gemm(K_s, dU_s, dS_f, transpose_A=True)
+                T.gemm(Q_s, eDO_s, dS_f, transpose_A=True)
+
+            T.copy(dS_f, dh0_out[n, h, :, v0:v0 + BV])
+
+    return compile_bwd(bwd_dh_pipelined, arch)

@@ -1,0 +1,106 @@
+"""bwd_h_pipelined: recompute the per-chunk start states h for the backward with TMA-pipelined loads,
+one block per (sequence, v-head, V tile).
+
+Formula per chunk (gate-free A_k; r = exp(gam_C - gam), exp(gam_C) and beta (zero past the sequence
+end) come from bwd_prepare's per-chunk factor table; S is K x BV fp32 in registers):
+
+    h[c] = S
+    Y    = diag(r) V - exp(gam_C) K S          (C x BV)
+    S    = exp(gam_C) S + K^T (A_k diag(beta)) Y
+
+Same values and bf16 staging as bwd_h (the factors are the same fp32 expressions, formed in
+bwd_prepare); the serial loop holds no exponential. V tiling is exact.
+
+Loads: K, V, A and the factor row of chunk c + 1 are fetched by TileLang's automatic producer
+warpgroup (TMA, 2-stage ring) while chunk c computes. The tiles are unmasked [t0, t0 + C); rows
+past the sequence end are cut by selects on Y and Z, and K's rows there are zeroed (read-modify-write
+select, after the load has landed) before the state update, so data of the next sequence or a
+non-finite padding tail cannot leak in.
+Grid: (V / BV, N * H_v). Threads: 256 consumer (two warpgroups, each GEMM split between them) +
+128 producer.
+GEMMs per chunk (wgmma, smem operands, fp32 accumulate): K S 64xBVx128, Ab Y 64xBVx64, K^T Z 128xBVx64.
+Shared memory (BV = 64, bf16): ring 2 x (K 16 KB, V 8 KB, A 8 KB, factors 0.75 KB) = ~66 KB;
+S 16 KB, Ab, Y, Z 3 x 8 KB: ~106 KB.
+Emulated step for step by ``qlabench.kernels.emulate_bwd._emu_h`` (twin ``twin_bwd_h_pipelined``).
+"""
+
+import functools
+
+import tilelang.language as T
+
+from .bwd_common import compile_bwd
+
+
+@functools.cache
+def bwd_h_pipelined_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str, arch: str):
+    group = h_v // h_qk
+    NV = V // BV
+    n_tok = T.dynamic("n_tok")
+    n_cu = T.dynamic("n_cu")
+    n_seq = T.dynamic("n_seq")
+    n_hc = T.dynamic("n_hc")
+    n_fc = T.dynamic("n_fc")
+
+    @T.prim_func
+    def bwd_h_pipelined(
+        k: T.Tensor((n_tok, h_qk, K), dtype),
+        v: T.Tensor((n_tok, h_v, V), dtype),
+        A: T.Tensor((n_tok, h_v, C), dtype),
+        fac: T.Tensor((n_fc, h_v, 3, C), "float32"),
+        cu_seqlens: T.Tensor((n_cu,), "int32"),
+        chunk_offsets: T.Tensor((n_cu,), "int32"),
+        h0: T.Tensor((n_seq, h_v, K, V), "float32"),
+        h_out: T.Tensor((n_hc, h_v, K, V), dtype),
+    ):
+        with T.Kernel(NV, (n_cu - 1) * h_v, threads=256) as (iv, nh):
+            K_s = T.alloc_shared((C, K), dtype)
+            V_s = T.alloc_shared((C, BV), dtype)
+            A_s = T.alloc_shared((C, C), dtype)
+            F_s = T.alloc_shared((3, C), "float32")
+            Ab_s = T.alloc_shared((C, C), dtype)
+            S_s = T.alloc_shared((K, BV), dtype)
+            Y_s = T.alloc_shared((C, BV), dtype)
+            Z_s = T.alloc_shared((C, BV), dtype)
+            S_f = T.alloc_fragment((K, BV), "float32")
+            KS_f = T.alloc_fragment((C, BV), "float32")
+            Z_f = T.alloc_fragment((C, BV), "float32")
+
+            n = nh // h_v
+            h = nh % h_v
+            hk = h // group
+            v0 = iv * BV
+            bos = cu_seqlens[n]
+            eos = cu_seqlens[n + 1]
+            cbase = chunk_offsets[n]
+
+            T.copy(h0[n, h, :, v0:v0 + BV], S_f)
+
+            for c in T.Pipelined(T.ceildiv(eos - bos, C), num_stages=2):
+                t0 = bos + c * C
+                T.copy(k[t0:t0 + C, hk, :], K_s)
+                T.copy(v[t0:t0 + C, h, v0:v0 + BV], V_s)
+                T.copy(A[t0:t0 + C, h, :], A_s)
+                T.copy(fac[cbase + c, h, :, :], F_s)
+
+                T.copy(S_f, S_s)
+                T.copy(S_s, h_out[cbase + c, h, :, v0:v0 + BV])
+                for i, j in T.Parallel(C, C):
+                    Ab_s[i, j] = T.cast(A_s[i, j] * F_s[2, j], dtype)
+
+                T.gemm(K_s, S_s, KS_f, clear_accum=True)
+                for i, j in T.Parallel(C, BV):
+                    Y_s[i, j] = T.if_then_else(
+                        t0 + i < eos, T.cast(F_s[1, i] * V_s[i, j] - F_s[0, C - 1] * KS_f[i, j], dtype),
+                        T.cast(0, dtype))
+                T.gemm(Ab_s, Y_s, Z_f, clear_accum=True)
+                for i, j in T.Parallel(C, BV):
+                    Z_s[i, j] = T.if_then_else(t0 + i < eos, T.cast(Z_f[i, j], dtype), T.cast(0, dtype))
+                if t0 + C > eos:
+                    for i, d in T.Parallel(C, K):
+                        K_s[i, d] = T.if_then_else(t0 + i < eos, K_s[i, d], T.cast(0, dtype))
+
+                for i, j in T.Parallel(K, BV):
+                    S_f[i, j] = S_f[i, j] * F_s[0, C - 1]
+                T.gemm(K_s, Z_s, S_f, transpose_A=True)
+
+    return compile_bwd(bwd_h_pipelined, arch)

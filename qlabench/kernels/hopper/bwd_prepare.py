@@ -1,0 +1,95 @@
+"""bwd_prepare: the state-independent per-chunk pieces of the backward, one block per (chunk, v-head).
+
+Formula per chunk (gam = in-chunk cumsum of g clamped to the last real token, A = gate-free A_k,
+Gam[i, j] = exp(gam_i - gam_j) for j <= i else 0):
+
+    Pg  = scale Gam .* Q K^T            (C x C, bf16 out, rows t0 .. end - 1)
+    Ag  = Gam .* A .* beta_col          (C x C, bf16 out, rows t0 .. end - 1)
+    fac = [e; r; beta]                  (3 x C fp32 out per chunk row: e = exp(gam),
+                                         r = exp(gam_C - gam), beta zero past the sequence end;
+                                         e[C - 1] = exp(gam_C) since gam is clamped)
+
+Pg and Ag are exactly the bf16 masks the serial reverse pass (bwd_dh) used to form itself, so
+moving them here changes no rounding; fac lets the two chunk recurrences (bwd_h, bwd_dh) read their
+per-row factors with one TMA tile instead of exponentials and strided gate loads.
+Rows past the chunk end (the next sequence, or the padding tail) are loaded unmasked but never
+stored; inside the stored rows the columns past the end are cut by the causal select j <= i
+(a select, so non-finite data there cannot leak in).
+
+Grid: (NCmax chunks, H_v); unused chunk-table rows (start == end) do nothing. Threads: 256 (two
+warpgroups split the GEMM's N and the elementwise work).
+GEMMs per chunk (wgmma, smem operands, fp32 accumulate): Q K^T 64x64x128.
+Shared memory (bf16): Q, K 2 x 16 KB, A, Pg, Ag 3 x 8 KB, gam/beta 0.5 KB: ~57 KB.
+scale is a runtime argument (one compiled kernel serves every scale).
+Emulated by ``qlabench.kernels.emulate_bwd.twin_bwd_prepare`` (the masks of ``_emu_dh``).
+"""
+
+import functools
+
+import tilelang.language as T
+
+from .bwd_common import compile_bwd
+
+
+@functools.cache
+def bwd_prepare_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str):
+    group = h_v // h_qk
+    n_tok = T.dynamic("n_tok")
+    n_chunks = T.dynamic("n_chunks")
+
+    @T.prim_func
+    def bwd_prepare(
+        q: T.Tensor((n_tok, h_qk, K), dtype),
+        k: T.Tensor((n_tok, h_qk, K), dtype),
+        g_cumsum: T.Tensor((n_tok, h_v), "float32"),
+        beta: T.Tensor((n_tok, h_v), "float32"),
+        A: T.Tensor((n_tok, h_v, C), dtype),
+        chunk_bounds: T.Tensor((n_chunks, 2), "int32"),
+        Pg_out: T.Tensor((n_tok, h_v, C), dtype),
+        Ag_out: T.Tensor((n_tok, h_v, C), dtype),
+        fac_out: T.Tensor((n_chunks, h_v, 3, C), "float32"),
+        scale: T.float32,
+    ):
+        with T.Kernel(n_chunks, h_v, threads=256) as (c, hv):
+            Q_s = T.alloc_shared((C, K), dtype)
+            K_s = T.alloc_shared((C, K), dtype)
+            A_s = T.alloc_shared((C, C), dtype)
+            Pg_s = T.alloc_shared((C, C), dtype)
+            Ag_s = T.alloc_shared((C, C), dtype)
+            gam_s = T.alloc_shared((C,), "float32")
+            beta_s = T.alloc_shared((C,), "float32")
+            P_f = T.alloc_fragment((C, C), "float32")
+
+            t0 = chunk_bounds[c, 0]
+            end = chunk_bounds[c, 1]
+            hk = hv // group
+
+            if t0 < end:
+                T.copy(q[t0:t0 + C, hk, :], Q_s)
+                T.copy(k[t0:t0 + C, hk, :], K_s)
+                T.copy(A[t0:t0 + C, hv, :], A_s)
+                for i in T.Parallel(C):
+                    gam_s[i] = g_cumsum[T.min(t0 + i, end - 1), hv]
+                    beta_s[i] = T.if_then_else(t0 + i < end, beta[t0 + i, hv], 0.0)
+
+                T.gemm(Q_s, K_s, P_f, transpose_B=True, clear_accum=True)
+                for i, j in T.Parallel(C, C):
+                    decay = T.exp(gam_s[i] - gam_s[j])
+                    Pg_s[i, j] = T.if_then_else(j <= i, T.cast(scale * decay * P_f[i, j], dtype), T.cast(0, dtype))
+                    Ag_s[i, j] = T.if_then_else(j <= i, T.cast(decay * A_s[i, j] * beta_s[j], dtype),
+                                                T.cast(0, dtype))
+                for i in T.Parallel(C):
+                    fac_out[c, hv, 0, i] = T.exp(gam_s[i])
+                    fac_out[c, hv, 1, i] = T.exp(gam_s[C - 1] - gam_s[i])
+                    fac_out[c, hv, 2, i] = beta_s[i]
+
+                if t0 + C <= end:
+                    T.copy(Pg_s, Pg_out[t0:t0 + C, hv, :])
+                    T.copy(Ag_s, Ag_out[t0:t0 + C, hv, :])
+                else:
+                    for i, j in T.Parallel(C, C):
+                        if t0 + i < end:
+                            Pg_out[t0 + i, hv, j] = Pg_s[i, j]
+                            Ag_out[t0 + i, hv, j] = Ag_s[i, j]
+
+    return compile_bwd(bwd_prepare, arch)
