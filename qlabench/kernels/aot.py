@@ -24,6 +24,7 @@ def forward_kernels(h_qk: int, h_v: int, arch: str, dtype: str = "bfloat16",
     """(name, config text, thunk) for every forward kernel of one head configuration."""
     from .common.cumsum import chunk_local_cumsum_kernel
     from .hopper.chunk_fwd import chunk_fwd_kernel
+    from .hopper.chunk_fwd_pipelined import chunk_fwd_pipelined_kernel
     from .hopper.kkt_solve import kkt_solve_kernel
 
     a = arch_by_name(arch)
@@ -34,10 +35,12 @@ def forward_kernels(h_qk: int, h_v: int, arch: str, dtype: str = "bfloat16",
     ]
     for vf in state_layouts:
         for bv in VALUE_TILES:
-            jobs.append((
-                "chunk_fwd", f"hk{h_qk}_hv{h_v} {dtype} BV={bv} {'vk' if vf else 'kv'}",
-                lambda vf=vf, bv=bv: chunk_fwd_kernel(h_qk, h_v, HEAD_DIM, HEAD_DIM, bv, C, dtype, vf, a.name),
-            ))
+            for name, factory in (("chunk_fwd", chunk_fwd_kernel), ("chunk_fwd_pipelined", chunk_fwd_pipelined_kernel)):
+                jobs.append((
+                    name, f"hk{h_qk}_hv{h_v} {dtype} BV={bv} {'vk' if vf else 'kv'}",
+                    lambda vf=vf, bv=bv, factory=factory: factory(h_qk, h_v, HEAD_DIM, HEAD_DIM, bv, C, dtype, vf,
+                                                                  a.name),
+                ))
     return jobs
 
 

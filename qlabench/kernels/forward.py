@@ -46,8 +46,6 @@ def chunk_gated_delta_rule_fwd(
     arch = arch or arch_for_device(q.device)
     from .hopper.kkt_solve import kkt_solve_kernel
 
-    chunk_fwd_kernel = _recurrence_kernel()
-
     C = arch.chunk_size
     dtype = _DTYPE_NAMES[q.dtype]
     dev = q.device
@@ -61,8 +59,9 @@ def chunk_gated_delta_rule_fwd(
     table = build_chunk_table(cu, BT, C)
 
     g_cumsum = chunk_local_cumsum(g2, table, C, arch.name)
-    A = torch.empty(BT, p.h_v, C, dtype=q.dtype, device=dev)
-    kkt_solve_kernel(p.h_qk, p.h_v, p.K, C, dtype, arch.name)(k2, beta2, table.chunk_bounds, A)
+    A, Ag, Pm = (torch.empty(BT, p.h_v, C, dtype=q.dtype, device=dev) for _ in range(3))
+    kkt_solve_kernel(p.h_qk, p.h_v, p.K, C, dtype, arch.name)(
+        q2, k2, g_cumsum, beta2, table.chunk_bounds, A, Ag, Pm, p.scale)
 
     state = (p.h_v, p.V, p.K) if state_v_first else (p.h_v, p.K, p.V)
     has_h0 = initial_state is not None
@@ -71,9 +70,11 @@ def chunk_gated_delta_rule_fwd(
     n_h = table.n_chunks_max if output_h else 1
     h = torch.empty((n_h,) + state, dtype=q.dtype, device=dev)
     o = torch.empty(BT, p.h_v, p.V, dtype=q.dtype, device=dev)
-    BV = value_tile(p.N * p.h_v, _sm_count(dev))
+    sms = _sm_count(dev)
+    BV = value_tile(p.N * p.h_v, sms)
+    chunk_fwd_kernel = recurrence_kernel((p.V // BV) * p.N * p.h_v, sms)
     kernel = chunk_fwd_kernel(p.h_qk, p.h_v, p.K, p.V, BV, C, dtype, state_v_first, arch.name)
-    kernel(q2, k2, v2, g_cumsum, beta2, A, table.cu_seqlens, table.chunk_offsets, h0, o, ht, h,
+    kernel(q2, k2, v2, g_cumsum, Ag, Pm, table.cu_seqlens, table.chunk_offsets, h0, o, ht, h,
            p.scale, int(has_h0), int(bool(output_final_state)), int(bool(output_h)))
     return (
         g_cumsum.reshape(p.B, p.T, p.h_v),
@@ -84,11 +85,21 @@ def chunk_gated_delta_rule_fwd(
     )
 
 
-def _recurrence_kernel():
-    """The chunk-recurrence kernel factory; QLABENCH_FWD_KERNEL=simple|pipelined picks one (A/B runs)."""
+def recurrence_kernel(n_blocks: int, sm_count: int):
+    """The chunk-recurrence kernel factory for a grid of ``n_blocks`` blocks.
+
+    With at most one block per SM each block's serial chain is the whole story, so the TMA-pipelined
+    variant (loads of chunk c + 1 overlap chunk c; one block per SM by its shared memory) wins; with
+    more blocks than SMs the plain variant (no producer warpgroup, half the shared memory, two
+    blocks per SM) wins. Measured on the H200 (see the kernels' headers). QLABENCH_FWD_KERNEL=
+    simple|pipelined overrides the choice (A/B runs).
+    """
     import os
 
-    if os.environ.get("QLABENCH_FWD_KERNEL", "simple") == "pipelined":
+    choice = os.environ.get("QLABENCH_FWD_KERNEL", "auto")
+    if choice not in ("auto", "simple", "pipelined"):
+        raise ValueError(f"QLABENCH_FWD_KERNEL must be auto, simple or pipelined, got {choice!r}")
+    if choice == "pipelined" or (choice == "auto" and n_blocks <= sm_count):
         from .hopper.chunk_fwd_pipelined import chunk_fwd_pipelined_kernel
 
         return chunk_fwd_pipelined_kernel

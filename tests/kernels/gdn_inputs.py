@@ -30,7 +30,7 @@ def make_inputs(T, h_qk, h_v, *, cu_seqlens=None, B=1, gate="bench", h0=False, s
         raise ValueError(gate)
     beta = torch.sigmoid(randn(B, T, h_v))
     N = B if cu_seqlens is None else len(cu_seqlens) - 1
-    out = dict(q=q.to(dtype), k=k.to(dtype), v=v.to(dtype), g=g.float(), beta=beta.float())
+    out = {"q": q.to(dtype), "k": k.to(dtype), "v": v.to(dtype), "g": g.float(), "beta": beta.float()}
     if cu_seqlens is not None:
         out["cu_seqlens"] = torch.tensor(cu_seqlens, dtype=torch.int32)
     if h0:

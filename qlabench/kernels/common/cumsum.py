@@ -10,14 +10,13 @@ heads. Shared memory: none.
 
 import functools
 
-import torch
-
 import tilelang.language as T
+import torch
 
 from .build import compile_for
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def chunk_local_cumsum_kernel(H: int, C: int, reverse: bool, arch: str):
     threads = 128 if H > 64 else (64 if H > 32 else 32)
     n_tok = T.dynamic("n_tok")

@@ -1,15 +1,26 @@
-"""kkt_solve: the gate-free inverse of one chunk, per (chunk, v-head).
+"""kkt_solve: the gate-free inverse of one chunk, per (chunk, v-head), and the forward's gated masks.
 
-Formula: A_k = (I + strict_lower(diag(beta) K K^T))^{-1}   (C x C, unit lower triangular).
-It never reads the gate; the forward and backward re-apply it with the mask Gam.
+Formulas (gam = in-chunk cumsum of g, Gam[i, j] = exp(gam_i - gam_j) for j <= i else 0):
+    A_k = (I + strict_lower(diag(beta) K K^T))^{-1}   (C x C, unit lower triangular; never reads g,
+                                                       the backward re-applies the gate itself)
+    Ag  = Gam .* A_k .* beta_col                      (the gated solve the recurrence multiplies by)
+    Pm  = scale Gam .* Q K^T                          (the intra-chunk output mask)
+Ag and Pm depend only on the chunk, not on the state, so computing them here (all chunks in
+parallel, once per v-head) keeps them off the serial chunk recurrence, which only reads them.
+Rows past the sequence end are not written.
 
 Grid: (NCmax chunks, H_v); blocks past the real chunk count exit. Threads: 128 (one warpgroup).
   * K K^T on tensor cores (wgmma 64x64x128, fp32 accumulate); rows past the chunk end are zero.
-  * Forward substitution in fp32 on CUDA cores: thread c owns column c of the inverse and walks the
-    rows, X[i, c] = delta_ic - sum_{j<i} L[i, j] X[j, c]. A column depends only on itself, so the
-    walk needs no barrier.
-  * Rows of the chunk are stored as bf16 (row t of A holds token t's row of its chunk).
-Shared memory: K 64x128 bf16 (16 KB) + L and X 64x64 fp32 (32 KB) + beta = ~48 KB.
+  * Blockwise inverse in fp32 on CUDA cores. The 16 x 16 diagonal blocks are inverted by forward
+    substitution (thread (b, c) owns column c of block b: X[i, c] = delta_ic - sum_{j<i} L[i, j] X[j, c],
+    a chain of at most 15 steps). Then blocks are merged by doubling, 16 -> 32 -> 64: for a 2s x 2s
+    block [[I + L11, 0], [L21, I + L22]] the inverse's lower-left block is -X22 (L21 X11), two
+    s x s x s products spread over all threads. (A plain 64-row substitution was a 64-step serial
+    chain per column and dominated the forward's time.)
+  * Q K^T on tensor cores; masks applied in fp32 (exp of gam_i - gam_j <= 0 only).
+  * Rows of the chunk are stored as bf16 (row t of A, Ag, Pm holds token t's row of its chunk).
+Shared memory: Q, K 64x128 bf16 (32 KB) + L and X 64x64 fp32 (32 KB) + product scratch 32x32 fp32
+(4 KB) + beta, gam = ~69 KB.
 """
 
 import functools
@@ -19,25 +30,65 @@ import tilelang.language as T
 from ..common.build import compile_for
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str):
     group = h_v // h_qk
+    DIAG = 16
+    THREADS = 128
+    if C not in (2 * DIAG, 4 * DIAG):
+        raise ValueError(f"kkt_solve supports chunk sizes 32 and 64, got {C}")
     n_tok = T.dynamic("n_tok")
     n_chunks = T.dynamic("n_chunks")
 
+    @T.macro
+    def merge_level(L_s, X_s, M_s, sz: int, tx):
+        n_elem = (C // (2 * sz)) * sz * sz
+        acc = T.alloc_var("float32")
+        for e in T.serial(n_elem // THREADS):
+            idx = e * THREADS + tx
+            pair = idx // (sz * sz)
+            r = (idx // sz) % sz
+            cc = idx % sz
+            top = 2 * pair * sz
+            acc = 0.0
+            for kk in T.unroll(sz):
+                acc = acc + L_s[top + sz + r, top + kk] * X_s[top + kk, top + cc]
+            M_s[pair * sz + r, cc] = acc
+        T.sync_threads()
+        for e in T.serial(n_elem // THREADS):
+            idx = e * THREADS + tx
+            pair = idx // (sz * sz)
+            r = (idx // sz) % sz
+            cc = idx % sz
+            top = 2 * pair * sz
+            acc = 0.0
+            for kk in T.unroll(sz):
+                acc = acc + X_s[top + sz + r, top + sz + kk] * M_s[pair * sz + kk, cc]
+            X_s[top + sz + r, top + cc] = -acc
+        T.sync_threads()
+
     @T.prim_func
     def kkt_solve(
+        q: T.Tensor((n_tok, h_qk, K), dtype),
         k: T.Tensor((n_tok, h_qk, K), dtype),
+        g_cumsum: T.Tensor((n_tok, h_v), "float32"),
         beta: T.Tensor((n_tok, h_v), "float32"),
         chunk_bounds: T.Tensor((n_chunks, 2), "int32"),
         A: T.Tensor((n_tok, h_v, C), dtype),
+        Ag: T.Tensor((n_tok, h_v, C), dtype),
+        Pm: T.Tensor((n_tok, h_v, C), dtype),
+        scale: T.float32,
     ):
-        with T.Kernel(n_chunks, h_v, threads=128) as (c, h):
+        with T.Kernel(n_chunks, h_v, threads=THREADS) as (c, h):
             K_s = T.alloc_shared((C, K), dtype)
+            Q_s = T.alloc_shared((C, K), dtype)
             b_s = T.alloc_shared((C,), "float32")
+            gam_s = T.alloc_shared((C,), "float32")
+            qkt = T.alloc_fragment((C, C), "float32")
             L_s = T.alloc_shared((C, C), "float32")
             X_s = T.alloc_shared((C, C), "float32")
             kkt = T.alloc_fragment((C, C), "float32")
+            M_s = T.alloc_shared((C // 2, C // 2), "float32")
             acc = T.alloc_var("float32")
             tx = T.get_thread_binding()
             start = chunk_bounds[c, 0]
@@ -46,21 +97,38 @@ def kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str)
             if end > start:
                 for i, d in T.Parallel(C, K):
                     K_s[i, d] = T.if_then_else(start + i < end, k[start + i, hk, d], T.cast(0, dtype))
+                    Q_s[i, d] = T.if_then_else(start + i < end, q[start + i, hk, d], T.cast(0, dtype))
                 for i in T.Parallel(C):
                     b_s[i] = T.if_then_else(start + i < end, beta[start + i, h], 0.0)
+                    gam_s[i] = g_cumsum[T.min(start + i, end - 1), h]
                 T.gemm(K_s, K_s, kkt, transpose_B=True, clear_accum=True)
+                T.gemm(Q_s, K_s, qkt, transpose_B=True, clear_accum=True)
+                for i, j in T.Parallel(C, C):
+                    if start + i < end:
+                        Pm[start + i, h, j] = T.if_then_else(
+                            j <= i, T.cast(scale * T.exp(gam_s[i] - gam_s[j]) * qkt[i, j], dtype), T.cast(0, dtype))
                 for i, j in T.Parallel(C, C):
                     L_s[i, j] = T.if_then_else(j < i, b_s[i] * kkt[i, j], 0.0)
+                    X_s[i, j] = 0.0
                 T.sync_threads()
+                # 16 x 16 diagonal blocks: forward substitution, one thread per (block, column)
                 if tx < C:
-                    for i in T.serial(C):
-                        acc = T.if_then_else(i == tx, 1.0, 0.0)
+                    b0 = (tx // DIAG) * DIAG
+                    col = tx % DIAG
+                    for i in T.serial(DIAG):
+                        acc = T.if_then_else(i == col, 1.0, 0.0)
                         for j in T.serial(i):
-                            acc = acc - L_s[i, j] * X_s[j, tx]
-                        X_s[i, tx] = acc
+                            acc = acc - L_s[b0 + i, b0 + j] * X_s[b0 + j, b0 + col]
+                        X_s[b0 + i, b0 + col] = acc
                 T.sync_threads()
+                # merge by doubling: X21 = -X22 (L21 X11) for every pair of s-blocks
+                merge_level(L_s, X_s, M_s, DIAG, tx)  # 16 -> 32
+                if C == 4 * DIAG:
+                    merge_level(L_s, X_s, M_s, 2 * DIAG, tx)  # 32 -> 64
                 for i, j in T.Parallel(C, C):
                     if start + i < end:
                         A[start + i, h, j] = T.cast(X_s[i, j], dtype)
+                        Ag[start + i, h, j] = T.if_then_else(
+                            j <= i, T.cast(T.exp(gam_s[i] - gam_s[j]) * X_s[i, j] * b_s[j], dtype), T.cast(0, dtype))
 
     return compile_for(kkt_solve, arch)
