@@ -30,6 +30,10 @@ start, dS = gradient of the state at the chunk end, A = gate-free A_k):
         dq = dq0 + dP K;  dk = dk0 + dP^T Q + dAs K
         dgam = dgam0 + rowdot(Q, dq0) + rowsum(X) - colsum(X);  dg = reverse in-chunk cumsum of dgam
     host: dq, dk summed over the GQA group in fp32; every gradient zero on the padding tail.
+
+Variant v2 (``QLABENCH_BWD_KERNEL=v2``, twins in ``KERNEL_TWINS_V2``) computes the same values with the
+same staging: ``bwd_prepare`` forms bwd_dh's masks Pg, Ag (``_emu_masks``) and the factors e, r, beta
+for every chunk in parallel, and the pipelined bwd_h / bwd_dh read them (``_emu_h``, ``_emu_dh_core``).
 """
 
 from __future__ import annotations
