@@ -74,8 +74,13 @@ def _split_opts(values) -> list[str]:
               "the first case of each phase and preset, on every case, or never.")
 @click.option("--no-h0", is_flag=True, help="Run without an initial state [default: h0 on, like FlashQLA].")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
+@click.option("--gpus", default=None,
+              help="Shard the cases over local GPUs, one worker process per GPU, rows merged into --out: all, "
+              "a count N (GPUs 0..N-1) or indices 0,2,5 (one index: 3,) [default: one GPU, in this process].")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="With --device cpu: the same sharding over N CPU worker processes [default: in this process].")
 def run_cmd(arch, cfgs, sweep, seqlens, phase, backends, gate_profile, device, quick, out, resume, seed,
-            warmup, repeats, timer, l2, tolerance, verify_kernels, no_h0, no_progress) -> None:
+            warmup, repeats, timer, l2, tolerance, verify_kernels, no_h0, no_progress, gpus, workers) -> None:
     """Sweep head presets x seqlen patterns over backends: correctness and timing, saved row by row."""
     import sys
     from pathlib import Path
@@ -83,12 +88,14 @@ def run_cmd(arch, cfgs, sweep, seqlens, phase, backends, gate_profile, device, q
     from qlabench import config as C
     from qlabench import envinfo
     from qlabench import runner as RN
+    from qlabench import shard as SH
     from qlabench.backends import get_backend, parse_backends
 
     try:
         if arch:  # before the device default: --arch on a machine without a GPU is its own error
             RN.check_arch(arch, device or "cuda")
         device, note = RN.resolve_device(device, quick)
+        slots = SH.resolve_slots(gpus, workers, device)  # None: one device, in this process
         presets = C.load_presets()
         sets = C.load_seqlens()
         sw = C.load_sweep(sweep, presets=presets, seqlens=sets) if sweep else None
@@ -120,7 +127,7 @@ def run_cmd(arch, cfgs, sweep, seqlens, phase, backends, gate_profile, device, q
         from qlabench.timing import resolve_l2, resolve_timer
 
         timer_used = resolve_timer(timer, device)
-        env = envinfo.collect(device)
+        env = envinfo.collect(device, index=(slots[0].gpu_index or 0) if slots else 0)
         label = sw.name if sw else "+".join(p.name for p in chosen)
         if not sw or phase:
             label += "_" + "-".join(phases)
@@ -133,6 +140,8 @@ def run_cmd(arch, cfgs, sweep, seqlens, phase, backends, gate_profile, device, q
             "l2_policy": resolve_l2(l2, timer_used), "quick": quick, "tolerance": tolerance,
             "device": device, "presets": [p.name for p in chosen], "n_cases": len(cases),
             "with_h0": not no_h0, "verify_kernels": verify_kernels, "cpu_max_tokens": cfg.cpu_max_tokens if device == "cpu" and quick else None,
+            "gpus": [s.gpu_index for s in slots] if slots and device == "cuda" else None,
+            "workers": len(slots) if slots else None,
         }
         res = RN.open_results(out_path, env, run, resume)
     except (ValueError, TypeError) as exc:  # ConfigError, RunSetupError, bad backend names
@@ -145,15 +154,21 @@ def run_cmd(arch, cfgs, sweep, seqlens, phase, backends, gate_profile, device, q
     if sw and sw.arch and device == "cuda" and not arch:
         click.echo(f"sweep {sw.name} is meant for {sw.arch} (not checked; pass --arch to enforce)", err=True)
     click.echo(f"{len(cases)} cases x {len(bes)} backends ({', '.join(names)}) on {env['gpu_name'] or 'cpu'}"
-               f" -> {out_path}", err=True)
-    runner = RN.Runner(cfg, bes, res, out_path, progress=not no_progress,
-                       echo=lambda m: click.echo(m, err=True))
-    for b in bes:
-        ok, why = runner.avail[b.name]
-        if not ok:
-            click.echo(f"  {b.name}: unavailable: {why}", err=True)
+               + (f", {len(slots)} workers" if slots else "") + f" -> {out_path}", err=True)
+    echo = lambda m: click.echo(m, err=True)
+    if not slots:
+        runner = RN.Runner(cfg, bes, res, out_path, progress=not no_progress, echo=echo,
+                           row_fields=SH.local_row_fields(device, env))
+        for b in bes:
+            ok, why = runner.avail[b.name]
+            if not ok:
+                click.echo(f"  {b.name}: unavailable: {why}", err=True)
     try:
-        runner.run(cases)
+        if slots:  # qlabench/shard.py: worker processes, rows merged into out_path as they arrive
+            SH.run_sharded(cfg, bes, res, out_path, cases, slots, progress=not no_progress, echo=echo,
+                           recover=resume)
+        else:
+            runner.run(cases)
     except KeyboardInterrupt:
         click.echo(f"\ninterrupted: {len(res['rows'])} rows kept in {out_path}", err=True)
         raise SystemExit(130) from None

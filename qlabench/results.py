@@ -38,6 +38,10 @@ ROW_FIELDS = (
     "gate_profile", "dtype", "backend", "status", *TIME_FIELDS, "samples", "timer", "l2_policy",
     "first_call_s", "peak_mem_mb", "errors", "message", "backend_version", "timestamp",
 )
+# Added after the first files were written: make_row fills them, load() does not require them (older
+# files lack them). gpu_index / gpu_uuid: the GPU the row ran on (index as the run numbered the visible
+# GPUs); worker: the worker process of a sharded run (qlabench/shard.py), null in a one-process run.
+OPTIONAL_ROW_FIELDS = ("gpu_index", "gpu_uuid", "worker")
 # A row is identified by these fields (--resume, compare): one measurement per key in a file.
 KEY_FIELDS = ("phase", "preset", "pattern", "gate_profile", "backend")
 
@@ -55,11 +59,12 @@ def new_results(env: dict, run: dict) -> dict:
 
 
 def make_row(**fields) -> dict:
-    """A row with every ROW_FIELDS key present (missing ones None); extra keys are kept."""
+    """A row with every ROW_FIELDS and OPTIONAL_ROW_FIELDS key present (missing ones None); extra keys
+    are kept."""
     unknown_status = fields.get("status")
     if unknown_status not in STATUSES:
         raise ValueError(f"row status must be one of {STATUSES}, got {unknown_status!r}")
-    row = {k: None for k in ROW_FIELDS}
+    row = {k: None for k in ROW_FIELDS + OPTIONAL_ROW_FIELDS}
     row["errors"] = {}
     row["message"] = ""
     row.update(fields)
@@ -156,7 +161,8 @@ def to_dataframe(results_or_paths):
 
     Adds the columns ``source`` (file path or index), ``gpu_name``, ``git_commit`` and ``run_timestamp``
     from each file's env block; ``seqlens`` stays a list, ``errors`` a dict, and ``max_error`` is the
-    largest per-tensor error (NaN when none was checked).
+    largest per-tensor error (NaN when none was checked). Rows of files written before
+    OPTIONAL_ROW_FIELDS existed get None there.
     """
     import pandas as pd
 
@@ -171,7 +177,8 @@ def to_dataframe(results_or_paths):
             res, source = load(item), str(item)
         env = res["env"]
         for row in res["rows"]:
-            rec = dict(row)
+            rec = {k: None for k in OPTIONAL_ROW_FIELDS}
+            rec.update(row)
             errs = [v for v in (row.get("errors") or {}).values() if v is not None]
             rec["max_error"] = max(errs) if errs else math.nan
             rec["source"] = source
@@ -179,7 +186,8 @@ def to_dataframe(results_or_paths):
             rec["git_commit"] = env.get("git_commit")
             rec["run_timestamp"] = env.get("timestamp")
             records.append(rec)
-    columns = list(ROW_FIELDS) + ["max_error", "source", "gpu_name", "git_commit", "run_timestamp"]
+    columns = [*ROW_FIELDS, *OPTIONAL_ROW_FIELDS, "max_error", "source", "gpu_name", "git_commit",
+               "run_timestamp"]
     df = pd.DataFrame.from_records(records)
     if df.empty:
         return pd.DataFrame(columns=columns)

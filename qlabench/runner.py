@@ -254,12 +254,16 @@ def availability(backends: list[Backend], device: str) -> dict[str, tuple[bool, 
 
 
 class Runner:
-    """Runs cases over backends into ``results`` (a dict from results.new_results), saving to ``out``."""
+    """Runs cases over backends into ``results`` (a dict from results.new_results), saving to ``out``.
+
+    ``row_fields`` are set on every row (the GPU it ran on: gpu_index, gpu_uuid; a shard's worker).
+    """
 
     def __init__(self, cfg: RunConfig, backends: list[Backend], results: dict, out: Path | None,
-                 progress: bool = True, echo=print):
+                 progress: bool = True, echo=print, row_fields: dict | None = None):
         self.cfg, self.backends, self.results, self.out = cfg, backends, results, out
         self.progress, self.echo = progress, echo
+        self.row_fields = dict(row_fields or {})
         self.done = {R.row_key(r) for r in results["rows"] if r["status"] in ("ok", "incorrect")}
         self.avail = availability(backends, cfg.device)
         self.verified: set[tuple] = set()  # (backend, phase, preset) whose kernel path was checked
@@ -269,6 +273,7 @@ class Runner:
             R.save(self.results, self.out)
 
     def _add(self, row: dict) -> None:
+        row.update(self.row_fields)
         R.upsert_row(self.results, row)
         self._save()
 
