@@ -88,3 +88,9 @@ def test_fla_kernel_classification():
     ok, why = classify_kernels("bwd", ["void at::native::elementwise_kernel<...>"])
     assert not ok and "no FLA Triton kernel" in why
     assert classify_kernels("bwd", ["chunk_gated_delta_rule_bwd_kernel_dhu_blockdim64"])[0]
+    # the kernels FLA 0.6's Triton forward really launched on the H200 (its fused kkt+solve included)
+    fla06 = ["chunk_fwd_kernel_o", "chunk_gated_delta_rule_fwd_kernel_h_blockdim64",
+             "chunk_gated_delta_rule_fwd_kkt_solve_kernel", "chunk_local_cumsum_scalar_kernel",
+             "recompute_w_u_fwd_kernel"]
+    assert classify_kernels("fwd", fla06) == (True, "")
+    assert not classify_kernels("fwd", fla06 + ["kkt_solve_kernel"])[0]
