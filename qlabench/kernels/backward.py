@@ -8,8 +8,9 @@ padding tail. The math of each kernel, step for step, is in ``emulate_bwd.py``:
     bwd_state  grid (NCmax, H_v)       per chunk, full V: dAg, dPg, dq0, dk0, dgam0 (fp32)
     bwd_intra  grid (NCmax, H_v)       per chunk: dq, dk (per v-head, fp32), dbeta, dg (raw gate)
 
-Variant ``v2`` (env ``QLABENCH_BWD_KERNEL=v2``) adds a parallel first launch and pipelines the two
-chunk recurrences (same values, same bf16 staging):
+Variant ``v2`` (the default since it passed every backward GPU test on the H200, commit f0b50f9;
+env ``QLABENCH_BWD_KERNEL=v1`` selects the original four launches) adds a parallel first launch and
+pipelines the two chunk recurrences (same values, same bf16 staging):
 
     bwd_prepare  grid (NCmax, H_v)     per chunk: Pg, Ag (bf16 C x C masks), factors e, r, beta
     bwd_h        ``bwd_h_pipelined``   (reads the factors; TMA ring, 256 + 128 threads)
@@ -88,8 +89,8 @@ _VARIANTS = ("v1", "v2")
 
 
 def _variant(variant=None) -> str:
-    """The kernel set: ``variant`` if given, else env ``QLABENCH_BWD_KERNEL`` (default ``v1``)."""
-    name = variant if variant is not None else os.environ.get("QLABENCH_BWD_KERNEL", "v1")
+    """The kernel set: ``variant`` if given, else env ``QLABENCH_BWD_KERNEL`` (default ``v2``)."""
+    name = variant if variant is not None else os.environ.get("QLABENCH_BWD_KERNEL", "v2")
     if name not in _VARIANTS:
         raise ValueError(f"backward kernel variant must be one of {_VARIANTS}, got {name!r}")
     return name
@@ -136,7 +137,7 @@ def compile_backward_kernels(h_qk, h_v, scale=None, dtype="bfloat16", state_v_fi
                              variant=None):
     """Compiles every backward kernel of one configuration for ``target`` (no GPU needed).
 
-    ``variant`` picks the kernel set ("v1" or "v2"; default: env ``QLABENCH_BWD_KERNEL``, else v1).
+    ``variant`` picks the kernel set ("v1" or "v2"; default: env ``QLABENCH_BWD_KERNEL``, else v2).
 
     ``scale`` and ``state_v_first`` do not specialise the kernels (scale is a runtime argument, the
     host transposes states) and are accepted for a uniform signature. The older positional form

@@ -12,7 +12,7 @@ SM90A = {"kind": "cuda", "arch": "sm_90a"}
 
 def test_compile_backward_kernels_sm90a():
     kernels = compile_backward_kernels(2, 4, scale=128**-0.5, dtype="bfloat16", state_v_first=False,
-                                       target=SM90A)
+                                       target=SM90A, variant="v1")
     assert sorted(kernels) == ["bwd_dh", "bwd_h", "bwd_intra", "bwd_state"]
     for name, kernel in kernels.items():
         src = kernel.get_kernel_source()
@@ -20,9 +20,9 @@ def test_compile_backward_kernels_sm90a():
         # One kernel for every sequence length: the token count is a runtime argument.
         assert re.search(r"int\s+n_tok", src), f"{name}: token count is not dynamic"
     # Same compiled objects for the other layout, scale and the older positional form (lru_cache).
-    again = compile_backward_kernels(2, 4, 0.5, "bfloat16", True, "sm90")
+    again = compile_backward_kernels(2, 4, 0.5, "bfloat16", True, "sm90", variant="v1")
     assert all(again[n] is kernels[n] for n in kernels)
-    assert compile_backward_kernels(2, 4, "bfloat16", True, SM90A)["bwd_h"] is kernels["bwd_h"]
+    assert compile_backward_kernels(2, 4, "bfloat16", True, SM90A, variant="v1")["bwd_h"] is kernels["bwd_h"]
 
 
 def test_compile_backward_kernels_v2_sm90a():
