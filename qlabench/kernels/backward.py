@@ -1,20 +1,17 @@
-"""Low-level backward: h recompute -> reverse dh pass -> per-chunk state grads -> per-chunk intra grads.
+"""Low-level backward: prepare -> h recompute -> reverse dh pass -> per-chunk state grads -> per-chunk
+intra grads.
 
-Four launches (Hopper, ``hopper/bwd_*.py``), then GQA group sums of dq, dk in fp32 and the zero
+Five launches (Hopper, ``hopper/bwd_*.py``), then GQA group sums of dq, dk in fp32 and the zero
 padding tail. The math of each kernel, step for step, is in ``emulate_bwd.py``:
 
-    bwd_h      grid (V / BV, N * H_v)  forward over chunks: h (state at every chunk start)
-    bwd_dh     grid (V / BV, N * H_v)  reverse over chunks: dh (state grad at every chunk end), dv, dV', dh0
-    bwd_state  grid (NCmax, H_v)       per chunk, full V: dAg, dPg, dq0, dk0, dgam0 (fp32)
-    bwd_intra  grid (NCmax, H_v)       per chunk: dq, dk (per v-head, fp32), dbeta, dg (raw gate)
-
-Variant ``v2`` (the default since it passed every backward GPU test on the H200, commit f0b50f9;
-env ``QLABENCH_BWD_KERNEL=v1`` selects the original four launches) adds a parallel first launch and
-pipelines the two chunk recurrences (same values, same bf16 staging):
-
-    bwd_prepare  grid (NCmax, H_v)     per chunk: Pg, Ag (bf16 C x C masks), factors e, r, beta
-    bwd_h        ``bwd_h_pipelined``   (reads the factors; TMA ring, 256 + 128 threads)
-    bwd_dh       ``bwd_dh_pipelined``  (reads Pg, Ag, factors; no exp or mask in the serial loop)
+    bwd_prepare  grid (NCmax, H_v)       per chunk: Pg, Ag (bf16 C x C masks), factors e, r, beta
+    bwd_h        grid (V / BV, N * H_v)  forward over chunks: h (state at every chunk start);
+                                         ``hopper/bwd_h_pipelined.py`` (TMA ring, 256 + 128 threads)
+    bwd_dh       grid (V / BV, N * H_v)  reverse over chunks: dh (state grad at every chunk end), dv,
+                                         dV', dh0; ``hopper/bwd_dh_pipelined.py`` (reads Pg, Ag and
+                                         the factors: no exp or mask in the serial loop)
+    bwd_state    grid (NCmax, H_v)       per chunk, full V: dAg, dPg, dq0, dk0, dgam0 (fp32)
+    bwd_intra    grid (NCmax, H_v)       per chunk: dq, dk (per v-head, fp32), dbeta, dg (raw gate)
 
 Kernels keep every state in the `[K, V]` layout; for ``state_v_first`` the host transposes the
 per-sequence h0 / dht / dh0 (small), so one compiled kernel set serves both layouts. Nothing here
@@ -22,8 +19,6 @@ syncs with the host (chunk tables are built on the device).
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 
@@ -85,59 +80,30 @@ def _arch_name(target) -> str:
     return arch_by_name(target).name
 
 
-_VARIANTS = ("v1", "v2")
-
-
-def _variant(variant=None) -> str:
-    """The kernel set: ``variant`` if given, else env ``QLABENCH_BWD_KERNEL`` (default ``v2``)."""
-    name = variant if variant is not None else os.environ.get("QLABENCH_BWD_KERNEL", "v2")
-    if name not in _VARIANTS:
-        raise ValueError(f"backward kernel variant must be one of {_VARIANTS}, got {name!r}")
-    return name
-
-
-def _kernels(h_qk: int, h_v: int, dtype: str, arch: str, variant=None) -> dict:
-    """The compiled kernels of one configuration (each factory is lru_cached).
-
-    v1: bwd_h, bwd_dh, bwd_state, bwd_intra. v2: bwd_prepare first, and the pipelined bwd_h / bwd_dh
-    (their argument lists differ; ``_bwd_impl`` tells the variants apart by the "bwd_prepare" key).
-    """
+def _kernels(h_qk: int, h_v: int, dtype: str, arch: str) -> dict:
+    """The compiled kernels of one configuration (each factory is lru_cached), in launch order."""
     a = arch_by_name(arch)
     if a.name != "sm90":
         raise ValueError(f"backward kernels exist for sm90 only, got {a.name}")
+    from .hopper.bwd_dh_pipelined import bwd_dh_pipelined_kernel
+    from .hopper.bwd_h_pipelined import bwd_h_pipelined_kernel
     from .hopper.bwd_intra import bwd_intra_kernel
+    from .hopper.bwd_prepare import bwd_prepare_kernel
     from .hopper.bwd_state import bwd_state_kernel
 
     K = V = _HEAD_DIM
     C = a.chunk_size
-    if _variant(variant) == "v2":
-        from .hopper.bwd_dh_pipelined import bwd_dh_pipelined_kernel
-        from .hopper.bwd_h_pipelined import bwd_h_pipelined_kernel
-        from .hopper.bwd_prepare import bwd_prepare_kernel
-
-        out = {
-            "bwd_prepare": bwd_prepare_kernel(h_qk, h_v, K, C, dtype, a.name),
-            "bwd_h": bwd_h_pipelined_kernel(h_qk, h_v, K, V, _BV, C, dtype, a.name),
-            "bwd_dh": bwd_dh_pipelined_kernel(h_qk, h_v, K, V, _BV, C, dtype, a.name),
-        }
-    else:
-        from .hopper.bwd_dh import bwd_dh_kernel
-        from .hopper.bwd_h import bwd_h_kernel
-
-        out = {
-            "bwd_h": bwd_h_kernel(h_qk, h_v, K, V, _BV, C, dtype, a.name),
-            "bwd_dh": bwd_dh_kernel(h_qk, h_v, K, V, _BV, C, dtype, a.name),
-        }
-    out["bwd_state"] = bwd_state_kernel(h_qk, h_v, K, V, C, dtype, a.name)
-    out["bwd_intra"] = bwd_intra_kernel(h_qk, h_v, K, C, dtype, a.name)
-    return out
+    return {
+        "bwd_prepare": bwd_prepare_kernel(h_qk, h_v, K, C, dtype, a.name),
+        "bwd_h": bwd_h_pipelined_kernel(h_qk, h_v, K, V, _BV, C, dtype, a.name),
+        "bwd_dh": bwd_dh_pipelined_kernel(h_qk, h_v, K, V, _BV, C, dtype, a.name),
+        "bwd_state": bwd_state_kernel(h_qk, h_v, K, V, C, dtype, a.name),
+        "bwd_intra": bwd_intra_kernel(h_qk, h_v, K, C, dtype, a.name),
+    }
 
 
-def compile_backward_kernels(h_qk, h_v, scale=None, dtype="bfloat16", state_v_first=False, target="sm90",
-                             variant=None):
+def compile_backward_kernels(h_qk, h_v, scale=None, dtype="bfloat16", state_v_first=False, target="sm90"):
     """Compiles every backward kernel of one configuration for ``target`` (no GPU needed).
-
-    ``variant`` picks the kernel set ("v1" or "v2"; default: env ``QLABENCH_BWD_KERNEL``, else v2).
 
     ``scale`` and ``state_v_first`` do not specialise the kernels (scale is a runtime argument, the
     host transposes states) and are accepted for a uniform signature. The older positional form
@@ -157,7 +123,7 @@ def compile_backward_kernels(h_qk, h_v, scale=None, dtype="bfloat16", state_v_fi
         raise ValueError(f"scale must be a positive float or None, got {scale!r}")
     if not isinstance(state_v_first, bool):
         raise TypeError(f"state_v_first must be a bool, got {state_v_first!r}")
-    return _kernels(h_qk, h_v, _dtype_name(dtype), _arch_name(target), variant)
+    return _kernels(h_qk, h_v, _dtype_name(dtype), _arch_name(target))
 
 
 def _check_inputs(q, k, v, g_cumsum, beta, A, do, dht, scale, initial_state, cu_seqlens, state_v_first,
@@ -214,7 +180,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g_cumsum, beta, A, do, dht=None, scale=N
 
 def _bwd_impl(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, state_v_first, C,
               kernels):
-    """Runs the four kernels (``kernels`` maps names to callables with the compiled signatures)."""
+    """Runs the five kernels (``kernels`` maps names to callables with the compiled signatures)."""
     dev, dtype = q.device, q.dtype
     BT, H, G = p.B * p.T, p.h_v, p.group
     f32 = torch.float32
@@ -243,17 +209,14 @@ def _bwd_impl(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens,
     dvp = _alloc((BT, H, p.V), dtype, dev)
     dv = _alloc((BT, H, p.V), dtype, dev)
     dh0 = _alloc((p.N, H, p.K, p.V), f32, dev)
-    if "bwd_prepare" in kernels:  # v2: masks and factors in parallel, pipelined recurrences
-        Pg = _alloc((BT, H, C), dtype, dev)
-        Ag = _alloc((BT, H, C), dtype, dev)
-        fac = _alloc((ncmax, H, 3, C), f32, dev)
-        kernels["bwd_prepare"](q2, k2, g2, b2, A2, bounds, Pg, Ag, fac, p.scale)
-        kernels["bwd_h"](k2, v2, A2, fac, cu, offsets, h0, h)
-        kernels["bwd_dh"](q2, k2, do2, Pg, Ag, fac, cu, offsets, dht2, dh, dvp, dv, dh0, p.scale)
-        del Pg, Ag, fac
-    else:
-        kernels["bwd_h"](k2, v2, g2, b2, A2, cu, offsets, h0, h)
-        kernels["bwd_dh"](q2, k2, do2, g2, b2, A2, cu, offsets, dht2, dh, dvp, dv, dh0, p.scale)
+    # masks and factors of every chunk in parallel, then the two pipelined chunk recurrences
+    Pg = _alloc((BT, H, C), dtype, dev)
+    Ag = _alloc((BT, H, C), dtype, dev)
+    fac = _alloc((ncmax, H, 3, C), f32, dev)
+    kernels["bwd_prepare"](q2, k2, g2, b2, A2, bounds, Pg, Ag, fac, p.scale)
+    kernels["bwd_h"](k2, v2, A2, fac, cu, offsets, h0, h)
+    kernels["bwd_dh"](q2, k2, do2, Pg, Ag, fac, cu, offsets, dht2, dh, dvp, dv, dh0, p.scale)
+    del Pg, Ag, fac
 
     dAg = _alloc((BT, H, C), f32, dev)
     dPg = _alloc((BT, H, C), f32, dev)

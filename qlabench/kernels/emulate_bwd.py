@@ -11,9 +11,11 @@ Per chunk (C rows, gam = in-chunk cumsum of g padded with the last real value, e
 r = exp(gam_C - gam), Gam[i, j] = exp(gam_i - gam_j) for j <= i else 0, S0 = state at the chunk
 start, dS = gradient of the state at the chunk end, A = gate-free A_k):
 
-    kernel bwd_h (forward order, V-tiled):
+    kernel bwd_prepare (one block per chunk, every chunk in parallel; ``_emu_masks``):
+        Pg = scale Gam .* Q K^T;  Ag = Gam .* A .* beta_col   (bf16);  factors e, r, beta (fp32)
+    kernel bwd_h (forward order, V-tiled; ``hopper/bwd_h_pipelined.py``):
         h[c] = S;  Y = diag(r) V - exp(gam_C) K S;  S = exp(gam_C) S + K^T (A diag(beta)) Y
-    kernel bwd_dh (reverse order, V-tiled), Pg = scale Gam .* Q K^T, Ag = Gam .* A .* beta_col:
+    kernel bwd_dh (reverse order, V-tiled, reads Pg, Ag and the factors; ``hopper/bwd_dh_pipelined.py``):
         dh[c] = dS;  dV' = diag(r) K dS + Pg^T dO;  dv = Ag^T dV';  dU = -diag(e) dv
         dS = exp(gam_C) dS + K^T dU + Q^T (scale diag(e) dO);   after the first chunk: dh0 = dS
     kernel bwd_state (one block per chunk, full V):
@@ -30,10 +32,6 @@ start, dS = gradient of the state at the chunk end, A = gate-free A_k):
         dq = dq0 + dP K;  dk = dk0 + dP^T Q + dAs K
         dgam = dgam0 + rowdot(Q, dq0) + rowsum(X) - colsum(X);  dg = reverse in-chunk cumsum of dgam
     host: dq, dk summed over the GQA group in fp32; every gradient zero on the padding tail.
-
-Variant v2 (``QLABENCH_BWD_KERNEL=v2``, twins in ``KERNEL_TWINS_V2``) computes the same values with the
-same staging: ``bwd_prepare`` forms bwd_dh's masks Pg, Ag (``_emu_masks``) and the factors e, r, beta
-for every chunk in parallel, and the pipelined bwd_h / bwd_dh read them (``_emu_h``, ``_emu_dh_core``).
 """
 
 from __future__ import annotations
@@ -42,7 +40,7 @@ import torch
 
 from .validate import validate
 
-__all__ = ["KERNEL_TWINS", "KERNEL_TWINS_V2", "emulate_chunk_gated_delta_rule_bwd"]
+__all__ = ["KERNEL_TWINS", "emulate_chunk_gated_delta_rule_bwd"]
 
 F64 = torch.float64
 
@@ -93,13 +91,16 @@ def _emu_h(S, K_c, V_c, A_c, b, r, egC, st):
 
 
 def _emu_masks(Q_c, K_c, A_c, b, Gam, scale, st):
-    """The bf16 masks (Pg, Ag) of one chunk: formed inside bwd_dh (v1) or by bwd_prepare (v2)."""
+    """bwd_prepare's bf16 masks (Pg, Ag) of one chunk."""
     P = Q_c @ _t(K_c)
     return st(scale * Gam * P), st(Gam * A_c * b[:, None, :])
 
 
-def _emu_dh_core(dS, Q_c, K_c, dO_c, Pg_s, Ag_s, e, r, egC, scale, st):
-    """bwd_dh's serial step given the staged masks. Returns (dh[c] staged, dV', dv, dS before)."""
+def _emu_dh(dS, Q_c, K_c, dO_c, Pg_s, Ag_s, e, r, egC, scale, st):
+    """bwd_dh, one chunk, given bwd_prepare's staged masks (``egC`` = exp(gam_C)).
+
+    Returns (dh[c] staged, dV' (fp32), dv (fp32), dS for the chunk before).
+    """
     dS_s = st(dS)
     dVp = r[..., None] * (K_c @ dS_s) + _t(Pg_s) @ dO_c
     dVp_s = st(dVp)
@@ -108,12 +109,6 @@ def _emu_dh_core(dS, Q_c, K_c, dO_c, Pg_s, Ag_s, e, r, egC, scale, st):
     eDO_s = st(scale * e[..., None] * dO_c)
     dS_prev = egC[:, None, None] * dS + _t(K_c) @ dU_s + _t(Q_c) @ eDO_s
     return dS_s, dVp, dW, dS_prev
-
-
-def _emu_dh(dS, Q_c, K_c, dO_c, A_c, b, e, r, gC, Gam, scale, st):
-    """bwd_dh, one chunk. Returns (dh[c] staged, dV' (fp32), dv (fp32), dS for the chunk before)."""
-    Pg_s, Ag_s = _emu_masks(Q_c, K_c, A_c, b, Gam, scale, st)
-    return _emu_dh_core(dS, Q_c, K_c, dO_c, Pg_s, Ag_s, e, r, torch.exp(gC), scale, st)
 
 
 def _emu_state(K_c, V_c, dO_c, dVp_c, dv_c, A_c, S0, dS, b, e, r, gC, Gam, last, scale, st):
@@ -232,7 +227,8 @@ def emulate_chunk_gated_delta_rule_bwd(
         for i in reversed(range(len(chunks))):
             ch = chunks[i]
             _, b, e, r, gC, Gam = ch["gates"]
-            dS_s, dVp, dW, dS = _emu_dh(dS, ch["Q"], ch["K"], ch["dO"], ch["A"], b, e, r, gC, Gam,
+            Pg_s, Ag_s = _emu_masks(ch["Q"], ch["K"], ch["A"], b, Gam, p.scale, st)  # bwd_prepare
+            dS_s, dVp, dW, dS = _emu_dh(dS, ch["Q"], ch["K"], ch["dO"], Pg_s, Ag_s, e, r, torch.exp(gC),
                                         p.scale, st)
             L = ch["end"] - ch["t0"]
             dhs[i] = dS_s
@@ -275,44 +271,6 @@ def _expand_heads(x: torch.Tensor, h_v: int) -> torch.Tensor:
     return x.to(F64).repeat_interleave(h_v // x.shape[1], 1)
 
 
-def twin_bwd_h(k, v, g_cumsum, beta, A, cu_seqlens, chunk_offsets, h0, h_out):
-    C, H = A.shape[-1], v.shape[1]
-    st = _Stager(h_out.dtype)
-    kf, vf, gf, bf, Af = _expand_heads(k, H), v.to(F64), g_cumsum.to(F64), beta.to(F64), A.to(F64)
-    cu, off = cu_seqlens.tolist(), chunk_offsets.tolist()
-    for n in range(len(cu) - 1):
-        S = h0[n].to(F64)
-        for c, t0 in enumerate(range(cu[n], cu[n + 1], C)):
-            end = min(t0 + C, cu[n + 1])
-            _, b, _, r, gC, _ = _chunk_gates(gf, bf, t0, end, C)
-            S_s, S = _emu_h(S, _chunk_rows(kf, t0, end, C), _chunk_rows(vf, t0, end, C),
-                            _chunk_rows(Af, t0, end, C), b, r, torch.exp(gC), st)
-            h_out[off[n] + c] = S_s.to(h_out.dtype)
-
-
-def twin_bwd_dh(q, k, do, g_cumsum, beta, A, cu_seqlens, chunk_offsets, dht, dh_out, dvp_out, dv_out,
-                dh0_out, scale):
-    C, H = A.shape[-1], do.shape[1]
-    st = _Stager(dh_out.dtype)
-    qf, kf, dof = _expand_heads(q, H), _expand_heads(k, H), do.to(F64)
-    gf, bf, Af = g_cumsum.to(F64), beta.to(F64), A.to(F64)
-    cu, off = cu_seqlens.tolist(), chunk_offsets.tolist()
-    for n in range(len(cu) - 1):
-        dS = dht[n].to(F64)
-        starts = list(range(cu[n], cu[n + 1], C))
-        for c in reversed(range(len(starts))):
-            t0 = starts[c]
-            end = min(t0 + C, cu[n + 1])
-            _, b, e, r, gC, Gam = _chunk_gates(gf, bf, t0, end, C)
-            dS_s, dVp, dW, dS = _emu_dh(dS, _chunk_rows(qf, t0, end, C), _chunk_rows(kf, t0, end, C),
-                                        _chunk_rows(dof, t0, end, C), _chunk_rows(Af, t0, end, C),
-                                        b, e, r, gC, Gam, scale, st)
-            dh_out[off[n] + c] = dS_s.to(dh_out.dtype)
-            dvp_out[t0:end] = dVp.movedim(0, 1)[: end - t0].to(dvp_out.dtype)
-            dv_out[t0:end] = dW.movedim(0, 1)[: end - t0].to(dv_out.dtype)
-        dh0_out[n] = dS.to(dh0_out.dtype)
-
-
 def twin_bwd_state(k, v, do, dvp, dv, g_cumsum, beta, A, h, dh, chunk_bounds, dAg_out, dPg_out, dq0_out,
                    dk0_out, dgam0_out, scale):
     C, H = A.shape[-1], v.shape[1]
@@ -349,13 +307,6 @@ def twin_bwd_intra(q, k, g_cumsum, beta, A, dAg, dPg, dq0, dk0, dgam0, chunk_bou
                           rows(dgam0), b, Gam, scale, st)
         for buf, x in zip((dq_out, dk_out, dbeta_out, dg_out), outs):
             buf[t0:end] = x.movedim(0, 1)[: end - t0].to(buf.dtype)
-
-
-KERNEL_TWINS = {"bwd_h": twin_bwd_h, "bwd_dh": twin_bwd_dh, "bwd_state": twin_bwd_state,
-                "bwd_intra": twin_bwd_intra}
-
-
-# Variant v2 (QLABENCH_BWD_KERNEL=v2): bwd_prepare, then the pipelined recurrences reading its output.
 
 
 def twin_bwd_prepare(q, k, g_cumsum, beta, A, chunk_bounds, Pg_out, Ag_out, fac_out, scale):
@@ -408,14 +359,14 @@ def twin_bwd_dh_pipelined(q, k, do, Pg, Ag, fac, cu_seqlens, chunk_offsets, dht,
             t0 = starts[c]
             end = min(t0 + C, cu[n + 1])
             e, r, _, egC = _factors(fac, off[n] + c)
-            dS_s, dVp, dW, dS = _emu_dh_core(dS, _chunk_rows(qf, t0, end, C), _chunk_rows(kf, t0, end, C),
-                                             _chunk_rows(dof, t0, end, C), _chunk_rows(Pgf, t0, end, C),
-                                             _chunk_rows(Agf, t0, end, C), e, r, egC, scale, st)
+            dS_s, dVp, dW, dS = _emu_dh(dS, _chunk_rows(qf, t0, end, C), _chunk_rows(kf, t0, end, C),
+                                        _chunk_rows(dof, t0, end, C), _chunk_rows(Pgf, t0, end, C),
+                                        _chunk_rows(Agf, t0, end, C), e, r, egC, scale, st)
             dh_out[off[n] + c] = dS_s.to(dh_out.dtype)
             dvp_out[t0:end] = dVp.movedim(0, 1)[: end - t0].to(dvp_out.dtype)
             dv_out[t0:end] = dW.movedim(0, 1)[: end - t0].to(dv_out.dtype)
         dh0_out[n] = dS.to(dh0_out.dtype)
 
 
-KERNEL_TWINS_V2 = {"bwd_prepare": twin_bwd_prepare, "bwd_h": twin_bwd_h_pipelined,
-                   "bwd_dh": twin_bwd_dh_pipelined, "bwd_state": twin_bwd_state, "bwd_intra": twin_bwd_intra}
+KERNEL_TWINS = {"bwd_prepare": twin_bwd_prepare, "bwd_h": twin_bwd_h_pipelined, "bwd_dh": twin_bwd_dh_pipelined,
+                "bwd_state": twin_bwd_state, "bwd_intra": twin_bwd_intra}

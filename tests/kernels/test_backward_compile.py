@@ -1,5 +1,6 @@
-"""The four Hopper backward kernels compile for sm_90a on a machine without a GPU (about 1-2 minutes
-on 2 cores with a cold TileLang cache), with wgmma and with the token count left dynamic."""
+"""The five Hopper backward kernels compile for sm_90a on a machine without a GPU (about 1-2 minutes
+on 2 cores with a cold TileLang cache), with wgmma, with the token count left dynamic and with the two
+chunk recurrences TMA-pipelined (warp-specialised)."""
 
 from __future__ import annotations
 
@@ -12,28 +13,18 @@ SM90A = {"kind": "cuda", "arch": "sm_90a"}
 
 def test_compile_backward_kernels_sm90a():
     kernels = compile_backward_kernels(2, 4, scale=128**-0.5, dtype="bfloat16", state_v_first=False,
-                                       target=SM90A, variant="v1")
-    assert sorted(kernels) == ["bwd_dh", "bwd_h", "bwd_intra", "bwd_state"]
+                                       target=SM90A)
+    assert list(kernels) == ["bwd_prepare", "bwd_h", "bwd_dh", "bwd_state", "bwd_intra"]  # launch order
     for name, kernel in kernels.items():
         src = kernel.get_kernel_source()
         assert "wgmma" in src, f"{name}: no wgmma in the generated CUDA"
         # One kernel for every sequence length: the token count is a runtime argument.
-        assert re.search(r"int\s+n_tok", src), f"{name}: token count is not dynamic"
-    # Same compiled objects for the other layout, scale and the older positional form (lru_cache).
-    again = compile_backward_kernels(2, 4, 0.5, "bfloat16", True, "sm90", variant="v1")
-    assert all(again[n] is kernels[n] for n in kernels)
-    assert compile_backward_kernels(2, 4, "bfloat16", True, SM90A, variant="v1")["bwd_h"] is kernels["bwd_h"]
-
-
-def test_compile_backward_kernels_v2_sm90a():
-    """Variant v2: the parallel bwd_prepare and the TMA-pipelined recurrences (warp-specialised)."""
-    kernels = compile_backward_kernels(2, 4, dtype="bfloat16", target=SM90A, variant="v2")
-    assert sorted(kernels) == ["bwd_dh", "bwd_h", "bwd_intra", "bwd_prepare", "bwd_state"]
-    for name, kernel in kernels.items():
-        src = kernel.get_kernel_source()
-        assert "wgmma" in src, f"{name}: no wgmma in the generated CUDA"
         if name != "bwd_h":  # bwd_h reads tokens only through TMA descriptors (built on the host)
             assert re.search(r"int\s+n_tok", src), f"{name}: token count is not dynamic"
     for name in ("bwd_h", "bwd_dh"):
         src = kernels[name].get_kernel_source()
         assert "tma_load" in src and "warpgroup_reg_alloc" in src, f"{name}: loads are not TMA-pipelined"
+    # Same compiled objects for the other layout, scale and the older positional form (lru_cache).
+    again = compile_backward_kernels(2, 4, 0.5, "bfloat16", True, "sm90")
+    assert all(again[n] is kernels[n] for n in kernels)
+    assert compile_backward_kernels(2, 4, "bfloat16", True, SM90A)["bwd_h"] is kernels["bwd_h"]

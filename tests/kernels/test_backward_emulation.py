@@ -1,7 +1,7 @@
 """The kernels' backward decomposition (emulated step for step in torch) equals autograd of the oracle.
 
-``emulate_chunk_gated_delta_rule_bwd`` runs the four backward kernels' per-chunk math (h recompute,
-reverse dh pass, per-chunk state grads, per-chunk intra grads) plus the host's GQA sum. In float64
+``emulate_chunk_gated_delta_rule_bwd`` runs the five backward kernels' per-chunk math (masks, h
+recompute, reverse dh pass, per-chunk state grads, per-chunk intra grads) plus the host's GQA sum. In float64
 it must reproduce ``torch.autograd.grad`` of ``chunk_gated_delta_rule_ref`` to rounding for all six
 gradients; with the kernels' bf16 staging it must stay within the GPU tests' rel-L2 budget.
 """

@@ -174,7 +174,7 @@ def test_autograd_path():
 # Output argument positions of each kernel and how their rows are indexed ("tok" or "chunk").
 _KERNEL_OUTPUTS = {
     "bwd_prepare": {6: "tok", 7: "tok", 8: "chunk"},
-    "bwd_h": {8: "chunk"},
+    "bwd_h": {7: "chunk"},
     "bwd_dh": {9: "chunk", 10: "tok", 11: "tok", 12: "seq"},
     "bwd_state": {11: "tok", 12: "tok", 13: "tok", 14: "tok", 15: "tok"},
     "bwd_intra": {11: "tok", 12: "tok", 13: "tok", 14: "tok"},
@@ -183,17 +183,14 @@ _KERNEL_OUTPUTS = {
 
 def test_each_kernel_matches_its_twin(monkeypatch):
     """Each compiled kernel vs its torch twin fed the same inputs (bf16 staging in both)."""
-    from qlabench.kernels.emulate_bwd import KERNEL_TWINS, KERNEL_TWINS_V2
+    from qlabench.kernels.emulate_bwd import KERNEL_TWINS
 
     cu, T = _varlen([1, 33, 63, 64, 65, 150], tail=9)
     inp = make_inputs(T, 2, 4, cu_seqlens=cu, gate="qwen", h0=True)
     g_cumsum, A = forward_for_backward(inp)
     do = torch.randn(inp["v"].shape, device="cuda").bfloat16()
     real_tokens, real_chunks = cu[-1], sum(-(-n // 64) for n in [1, 33, 63, 64, 65, 150])
-    gpu = backward._kernels(2, 4, "bfloat16", "sm90")  # the variant QLABENCH_BWD_KERNEL selects
-    v2 = "bwd_prepare" in gpu
-    twins = KERNEL_TWINS_V2 if v2 else KERNEL_TWINS
-    outputs = {**_KERNEL_OUTPUTS, "bwd_h": {7: "chunk"}} if v2 else _KERNEL_OUTPUTS
+    gpu = backward._kernels(2, 4, "bfloat16", "sm90")
     errs = {}
 
     def wrap(name):
@@ -201,8 +198,8 @@ def test_each_kernel_matches_its_twin(monkeypatch):
             cpu_args = [a.detach().cpu().clone() if isinstance(a, torch.Tensor) else a for a in args]
             gpu[name](*args)
             torch.cuda.synchronize()
-            twins[name](*cpu_args)
-            for i, rows in outputs[name].items():
+            KERNEL_TWINS[name](*cpu_args)
+            for i, rows in _KERNEL_OUTPUTS[name].items():
                 n = {"tok": real_tokens, "chunk": real_chunks, "seq": len(cu) - 1}[rows]
                 errs[f"{name}[{i}]"] = rel_l2(args[i][:n].cpu(), cpu_args[i][:n])
         return run

@@ -1,7 +1,7 @@
 """The backward's host side and kernel indexing on the CPU, with the kernels' torch twins.
 
 ``backward._bwd_impl`` is the exact code path of ``chunk_gated_delta_rule_bwd`` (flattening, chunk
-tables, state layouts, buffer allocation, the four launches, GQA sums, padding tail); here it
+tables, state layouts, buffer allocation, the five launches, GQA sums, padding tail); here it
 launches ``emulate_bwd.KERNEL_TWINS``, torch functions with the compiled kernels' argument lists that
 stage operands in the buffers' dtype (bf16). Every buffer starts as NaN, so an element a kernel
 should write but does not shows up. The GPU twin of this file is ``test_backward_gpu.py``.
@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from qlabench.kernels import backward
-from qlabench.kernels.emulate_bwd import KERNEL_TWINS, KERNEL_TWINS_V2
+from qlabench.kernels.emulate_bwd import KERNEL_TWINS
 from qlabench.kernels.reference import chunk_gated_delta_rule_ref, chunk_intermediates_ref
 from qlabench.kernels.validate import validate
 
@@ -113,11 +113,10 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("variant", ["v1", "v2"])
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_backward_host_with_kernel_twins(case, variant, monkeypatch):
+def test_backward_host_with_kernel_twins(case, monkeypatch):
     want, args = problem(case)
-    got = run_twins(args, monkeypatch, {"v1": KERNEL_TWINS, "v2": KERNEL_TWINS_V2}[variant])
+    got = run_twins(args, monkeypatch)
     assert (got["dh0"] is None) == (not case.h0)
     assert got["dq"].dtype == got["dk"].dtype == got["dv"].dtype == torch.bfloat16
     assert got["dg"].dtype == torch.float32 and got["dbeta"].dtype == args["beta"].dtype
@@ -153,8 +152,6 @@ def test_bad_arguments_raise():
         backward.compile_backward_kernels(2, 4, target={"kind": "cuda", "arch": "sm_75"})
     with pytest.raises(ValueError, match="sm90 only"):
         backward.compile_backward_kernels(2, 4, target="sm120")
-    with pytest.raises(ValueError, match="variant"):
-        backward.compile_backward_kernels(2, 4, variant="v3")
     _, args = problem(Case(T=64, h_qk=1, h_v=1))
     with pytest.raises(ValueError, match="CUDA"):
         backward.chunk_gated_delta_rule_bwd(**args)

@@ -12,8 +12,8 @@ bwd_prepare in bf16, e = exp(gam) and r = exp(gam_C - gam) from its per-chunk fa
     dS    = exp(gam_C) dS + K^T dU + Q^T (scale diag(e) dO)
     after the first chunk: dh0 = dS (always written; the host drops it without h0)
 
-Same values and bf16 staging as bwd_dh (the masks and factors are formed by the same expressions,
-only in another kernel); the serial loop holds no exponential and no C x C mask.
+The masks and factors are formed once per chunk in bwd_prepare, so the serial loop holds no
+exponential and no C x C mask.
 Every term is per V column, so V tiling is exact.
 
 Loads: Q, K, dO, Pg, Ag and the factor row of chunk c - 1 are fetched by TileLang's automatic
@@ -28,7 +28,7 @@ Ag^T dV' 64xBVx64, K^T dU 128xBVx64, Q^T eDO 128xBVx64.
 Shared memory (BV = 64, bf16): ring 2 x (Q, K 2 x 16 KB, dO 8 KB, Pg, Ag 2 x 8 KB, factors
 0.75 KB) = ~114 KB; dS 16 KB, dV', dv, dU, eDO 4 x 8 KB: ~162 KB.
 scale is a runtime argument (one compiled kernel serves every scale).
-Emulated step for step by ``qlabench.kernels.emulate_bwd._emu_dh_core`` (twin ``twin_bwd_dh_pipelined``).
+Emulated step for step by ``qlabench.kernels.emulate_bwd._emu_dh`` (twin ``twin_bwd_dh_pipelined``).
 """
 
 import functools

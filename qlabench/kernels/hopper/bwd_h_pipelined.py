@@ -8,8 +8,8 @@ end) come from bwd_prepare's per-chunk factor table; S is K x BV fp32 in registe
     Y    = diag(r) V - exp(gam_C) K S          (C x BV)
     S    = exp(gam_C) S + K^T (A_k diag(beta)) Y
 
-Same values and bf16 staging as bwd_h (the factors are the same fp32 expressions, formed in
-bwd_prepare); the serial loop holds no exponential. V tiling is exact.
+The factors are fp32 expressions formed once per chunk in bwd_prepare, so the serial loop holds no
+exponential. V tiling is exact.
 
 Loads: K, V, A and the factor row of chunk c + 1 are fetched by TileLang's automatic producer
 warpgroup (TMA, 2-stage ring) while chunk c computes. The tiles are unmasked [t0, t0 + C); rows

@@ -9,8 +9,8 @@ Gam[i, j] = exp(gam_i - gam_j) for j <= i else 0):
                                          r = exp(gam_C - gam), beta zero past the sequence end;
                                          e[C - 1] = exp(gam_C) since gam is clamped)
 
-Pg and Ag are exactly the bf16 masks the serial reverse pass (bwd_dh) used to form itself, so
-moving them here changes no rounding; fac lets the two chunk recurrences (bwd_h, bwd_dh) read their
+Pg and Ag are the bf16 masks of the serial reverse pass (bwd_dh), formed here for every chunk in
+parallel and off its serial loop; fac lets the two chunk recurrences (bwd_h, bwd_dh) read their
 per-row factors with one TMA tile instead of exponentials and strided gate loads.
 Rows past the chunk end (the next sequence, or the padding tail) are loaded unmasked but never
 stored; inside the stored rows the columns past the end are cut by the causal select j <= i
@@ -21,7 +21,7 @@ warpgroups split the GEMM's N and the elementwise work).
 GEMMs per chunk (wgmma, smem operands, fp32 accumulate): Q K^T 64x64x128.
 Shared memory (bf16): Q, K 2 x 16 KB, A, Pg, Ag 3 x 8 KB, gam/beta 0.5 KB: ~57 KB.
 scale is a runtime argument (one compiled kernel serves every scale).
-Emulated by ``qlabench.kernels.emulate_bwd.twin_bwd_prepare`` (the masks of ``_emu_dh``).
+Emulated by ``qlabench.kernels.emulate_bwd.twin_bwd_prepare`` (masks: ``_emu_masks``).
 """
 
 import functools
