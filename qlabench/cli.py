@@ -416,9 +416,11 @@ def aot(arch, cache_dir, cfgs, dtypes, state_layout, no_backward):
         os.environ["TILELANG_CACHE_DIR"] = os.path.abspath(cache_dir)
     heads = _parse_heads(cfgs)
     layouts = {"both": (False, True), "kv": (False,), "vk": (True,)}[state_layout]
-    from qlabench.kernels.aot import compile_all
+    from qlabench.kernels.aot import compile_all, not_available
 
     click.echo(f"compiling for {arch} into {os.environ.get('TILELANG_CACHE_DIR', '~/.tilelang/cache')}")
+    for line in not_available(arch, backward=not no_backward):
+        click.echo(f"  skipped: {line}")
     done = compile_all(heads, arch, dtypes=dtypes, state_layouts=layouts, backward=not no_backward,
                        on_done=lambda c: click.echo(f"  {c.kernel:<28} {c.config:<36} {c.seconds:6.1f} s"))
     click.echo(f"{len(done)} kernels compiled ({sum(c.seconds for c in done):.1f} s)")

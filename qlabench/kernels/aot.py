@@ -1,12 +1,17 @@
 """Ahead-of-time compilation: every kernel the API would launch for a head configuration, compiled
-for an architecture's explicit target into the TileLang cache, without a GPU."""
+for an architecture's explicit target into the TileLang cache, without a GPU.
+
+The kernel files come from `dispatch.kernel_factory` (the same choice the API makes). sm100 and sm120
+compile the Hopper files for sm_100a / sm_120a (mma.sync, not tcgen05); sm120 has no backward, and
+`not_available` says so.
+"""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
 
-from .dispatch import arch_by_name
+from .dispatch import arch_by_name, kernel_factory
 
 HEAD_DIM = 128
 VALUE_TILES = (32, 64)
@@ -23,25 +28,32 @@ def forward_kernels(h_qk: int, h_v: int, arch: str, dtype: str = "bfloat16",
                     state_layouts=(False, True)) -> list[tuple[str, str, object]]:
     """(name, config text, thunk) for every forward kernel of one head configuration."""
     from .common.cumsum import chunk_local_cumsum_kernel
-    from .hopper.chunk_fwd import chunk_fwd_kernel
-    from .hopper.chunk_fwd_pipelined import chunk_fwd_pipelined_kernel
-    from .hopper.kkt_solve import kkt_solve_kernel
 
     a = arch_by_name(arch)
     C = a.chunk_size
+    kkt_solve_kernel = kernel_factory(a, "kkt_solve")
     jobs = [
         ("chunk_local_cumsum", f"H={h_v} C={C}", lambda: chunk_local_cumsum_kernel(h_v, C, False, a.name)),
         ("kkt_solve", f"hk{h_qk}_hv{h_v} {dtype}", lambda: kkt_solve_kernel(h_qk, h_v, HEAD_DIM, C, dtype, a.name)),
     ]
     for vf in state_layouts:
         for bv in VALUE_TILES:
-            for name, factory in (("chunk_fwd", chunk_fwd_kernel), ("chunk_fwd_pipelined", chunk_fwd_pipelined_kernel)):
+            for name in ("chunk_fwd", "chunk_fwd_pipelined"):
+                factory = kernel_factory(a, name)
                 jobs.append((
                     name, f"hk{h_qk}_hv{h_v} {dtype} BV={bv} {'vk' if vf else 'kv'}",
                     lambda vf=vf, bv=bv, factory=factory: factory(h_qk, h_v, HEAD_DIM, HEAD_DIM, bv, C, dtype, vf,
                                                                   a.name),
                 ))
     return jobs
+
+
+def not_available(arch: str, backward: bool = True) -> list[str]:
+    """One line per kernel group that ``arch`` does not have (compile_all skips them)."""
+    a = arch_by_name(arch)
+    if backward and not a.has_backward:
+        return [f"backward: not available for {a.name} (forward only; the API raises NotImplementedError)"]
+    return []
 
 
 def backward_kernels(h_qk: int, h_v: int, arch: str, dtype: str = "bfloat16") -> list[tuple[str, str, object]]:

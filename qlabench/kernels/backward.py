@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from .dispatch import arch_by_name, arch_for_device
+from .dispatch import arch_by_name, arch_for_device, kernel_factory, require_backward
 from .validate import validate
 
 __all__ = ["chunk_gated_delta_rule_bwd", "compile_backward_kernels"]
@@ -83,22 +83,19 @@ def _arch_name(target) -> str:
 def _kernels(h_qk: int, h_v: int, dtype: str, arch: str) -> dict:
     """The compiled kernels of one configuration (each factory is lru_cached), in launch order."""
     a = arch_by_name(arch)
-    if a.name != "sm90":
-        raise ValueError(f"backward kernels exist for sm90 only, got {a.name}")
-    from .hopper.bwd_dh_pipelined import bwd_dh_pipelined_kernel
-    from .hopper.bwd_h_pipelined import bwd_h_pipelined_kernel
-    from .hopper.bwd_intra import bwd_intra_kernel
-    from .hopper.bwd_prepare import bwd_prepare_kernel
-    from .hopper.bwd_state import bwd_state_kernel
+    require_backward(a)  # NotImplementedError on sm120 (forward only)
+
+    def f(role):  # the arch's file for this kernel (dispatch.KERNEL_MODULES)
+        return kernel_factory(a, role)
 
     K = V = _HEAD_DIM
     C = a.chunk_size
     return {
-        "bwd_prepare": bwd_prepare_kernel(h_qk, h_v, K, C, dtype, a.name),
-        "bwd_h": bwd_h_pipelined_kernel(h_qk, h_v, K, V, _BV, C, dtype, a.name),
-        "bwd_dh": bwd_dh_pipelined_kernel(h_qk, h_v, K, V, _BV, C, dtype, a.name),
-        "bwd_state": bwd_state_kernel(h_qk, h_v, K, V, C, dtype, a.name),
-        "bwd_intra": bwd_intra_kernel(h_qk, h_v, K, C, dtype, a.name),
+        "bwd_prepare": f("bwd_prepare")(h_qk, h_v, K, C, dtype, a.name),
+        "bwd_h": f("bwd_h")(h_qk, h_v, K, V, _BV, C, dtype, a.name),
+        "bwd_dh": f("bwd_dh")(h_qk, h_v, K, V, _BV, C, dtype, a.name),
+        "bwd_state": f("bwd_state")(h_qk, h_v, K, V, C, dtype, a.name),
+        "bwd_intra": f("bwd_intra")(h_qk, h_v, K, C, dtype, a.name),
     }
 
 
@@ -171,6 +168,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g_cumsum, beta, A, do, dht=None, scale=N
         Every gradient is zero on the padding tail after cu_seqlens[-1].
     """
     arch = arch_for_device(q.device)
+    require_backward(arch)
     p = _check_inputs(q, k, v, g_cumsum, beta, A, do, dht, scale, initial_state, cu_seqlens,
                       state_v_first, arch.chunk_size)
     kernels = _kernels(p.h_qk, p.h_v, _DTYPE_NAMES[q.dtype], arch.name)

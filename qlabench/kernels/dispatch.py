@@ -1,18 +1,26 @@
-"""Compute capability -> architecture module, chunk size and explicit TileLang target.
+"""Compute capability -> architecture, chunk size, explicit TileLang target and kernel modules.
 
 Targets are always explicit dicts (never "auto"): TileLang's kernel cache key contains the target's
 text, and an explicit target lets every kernel compile on a machine without a GPU (`qlabench aot`).
+
+`kernel_factory(arch, role)` is the one place that maps an architecture to the file of each kernel
+(`KERNEL_MODULES`); forward.py, backward.py and aot.py ask it. sm100 and sm120 have no kernel files of
+their own yet: they compile the Hopper files for their own target with their own chunk size. There a
+plain `T.gemm` lowers to mma.sync (checked in the generated PTX: `mma.sync.aligned.m16n8k16` and TMA,
+no wgmma, no tcgen05/UTCHMMA), so the sm100 path does NOT use the Blackwell tensor-memory MMAs. An
+arch-specific file replaces a Hopper one by changing its row of `KERNEL_MODULES`.
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
 class Arch:
     name: str  # "sm90", "sm100", "sm120"
-    module: str  # qlabench.kernels.<module>
+    module: str  # qlabench.kernels.<module>: the package for this arch's own kernels (see KERNEL_MODULES)
     chunk_size: int
     target: dict
     capabilities: tuple[tuple[int, int], ...]
@@ -29,6 +37,55 @@ ARCHS: dict[str, Arch] = {
     "sm120": Arch("sm120", "blackwell_sm120", 32, {"kind": "cuda", "arch": "sm_120a"},
                   ((12, 0), (12, 1)), False),
 }
+
+
+# Kernel role -> "module:factory" under qlabench.kernels, per architecture. Each factory takes the
+# arch name as its last argument and compiles for that arch's target.
+_HOPPER_FORWARD = {
+    "kkt_solve": "hopper.kkt_solve:kkt_solve_kernel",
+    "chunk_fwd": "hopper.chunk_fwd:chunk_fwd_kernel",
+    "chunk_fwd_pipelined": "hopper.chunk_fwd:chunk_fwd_pipelined_kernel",
+}
+_HOPPER_BACKWARD = {
+    "bwd_prepare": "hopper.bwd_prepare:bwd_prepare_kernel",
+    "bwd_h": "hopper.bwd_h_pipelined:bwd_h_pipelined_kernel",
+    "bwd_dh": "hopper.bwd_dh_pipelined:bwd_dh_pipelined_kernel",
+    "bwd_state": "hopper.bwd_state:bwd_state_kernel",
+    "bwd_intra": "hopper.bwd_intra:bwd_intra_kernel",
+}
+FORWARD_ROLES = tuple(_HOPPER_FORWARD)
+BACKWARD_ROLES = tuple(_HOPPER_BACKWARD)
+KERNEL_MODULES: dict[str, dict[str, str]] = {
+    "sm90": {**_HOPPER_FORWARD, **_HOPPER_BACKWARD},  # verified on an H200
+    "sm100": {**_HOPPER_FORWARD, **_HOPPER_BACKWARD},  # Hopper files for sm_100a (mma.sync); compiled only
+    "sm120": dict(_HOPPER_FORWARD),  # Hopper files for sm_120a, C = 32 (mma.sync); compiled only; no backward
+}
+
+
+def kernel_factory(arch: Arch | str, role: str):
+    """The factory (``<role>_kernel``-style function) that compiles kernel ``role`` for ``arch``.
+
+    Raises NotImplementedError for a backward kernel of an arch without backward (sm120), ValueError
+    for an unknown role.
+    """
+    a = arch if isinstance(arch, Arch) else arch_by_name(arch)
+    table = KERNEL_MODULES[a.name]
+    if role not in table:
+        if role in BACKWARD_ROLES:
+            raise NotImplementedError(
+                f"qlabench has no backward kernels for {a.name} ({a.module}, compute capability "
+                + " / ".join(f"{x}.{y}" for x, y in a.capabilities)
+                + "): the forward runs there, gradients do not"
+            )
+        raise ValueError(f"unknown kernel {role!r}; known: {', '.join(FORWARD_ROLES + BACKWARD_ROLES)}")
+    module, func = table[role].split(":")
+    return getattr(importlib.import_module(f"{__package__}.{module}"), func)
+
+
+def require_backward(arch: Arch) -> None:
+    """NotImplementedError naming ``arch`` when it has no backward kernels."""
+    if not arch.has_backward:
+        kernel_factory(arch, BACKWARD_ROLES[0])
 
 
 def arch_by_name(name: str) -> Arch:

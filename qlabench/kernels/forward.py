@@ -10,7 +10,7 @@ import torch
 
 from .common.chunks import build_chunk_table
 from .common.cumsum import chunk_local_cumsum
-from .dispatch import Arch, arch_for_device
+from .dispatch import Arch, arch_for_device, kernel_factory
 from .validate import validate
 
 _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -44,7 +44,7 @@ def chunk_gated_delta_rule_fwd(
     """
     p = validate(q, k, v, g, beta, scale, initial_state, cu_seqlens, state_v_first, for_kernels=True)
     arch = arch or arch_for_device(q.device)
-    from .hopper.kkt_solve import kkt_solve_kernel
+    kkt_solve_kernel = kernel_factory(arch, "kkt_solve")
 
     C = arch.chunk_size
     dtype = _DTYPE_NAMES[q.dtype]
@@ -72,7 +72,7 @@ def chunk_gated_delta_rule_fwd(
     o = torch.empty(BT, p.h_v, p.V, dtype=q.dtype, device=dev)
     sms = _sm_count(dev)
     BV = value_tile(p.N * p.h_v, sms)
-    chunk_fwd_kernel = recurrence_kernel((p.V // BV) * p.N * p.h_v, sms)
+    chunk_fwd_kernel = recurrence_kernel((p.V // BV) * p.N * p.h_v, sms, arch)
     kernel = chunk_fwd_kernel(p.h_qk, p.h_v, p.K, p.V, BV, C, dtype, state_v_first, arch.name)
     kernel(q2, k2, v2, g_cumsum, Ag, Pm, table.cu_seqlens, table.chunk_offsets, h0, o, ht, h,
            p.scale, int(has_h0), int(bool(output_final_state)), int(bool(output_h)))
@@ -85,13 +85,13 @@ def chunk_gated_delta_rule_fwd(
     )
 
 
-def recurrence_kernel(n_blocks: int, sm_count: int):
-    """The chunk-recurrence kernel factory for a grid of ``n_blocks`` blocks.
+def use_pipelined(n_blocks: int, sm_count: int) -> bool:
+    """Which chunk-recurrence variant serves a grid of ``n_blocks`` blocks.
 
     With at most one block per SM each block's serial chain is the whole story, so the TMA-pipelined
     variant (loads of chunk c + 1 overlap chunk c; one block per SM by its shared memory) wins; with
     more blocks than SMs the plain variant (no producer warpgroup, half the shared memory, two
-    blocks per SM) wins. Measured on the H200 (see the kernels' headers). QLABENCH_FWD_KERNEL=
+    blocks per SM) wins (measured on the H200, see hopper/chunk_fwd.py). QLABENCH_FWD_KERNEL=
     simple|pipelined overrides the choice (A/B runs).
     """
     import os
@@ -99,13 +99,12 @@ def recurrence_kernel(n_blocks: int, sm_count: int):
     choice = os.environ.get("QLABENCH_FWD_KERNEL", "auto")
     if choice not in ("auto", "simple", "pipelined"):
         raise ValueError(f"QLABENCH_FWD_KERNEL must be auto, simple or pipelined, got {choice!r}")
-    if choice == "pipelined" or (choice == "auto" and n_blocks <= sm_count):
-        from .hopper.chunk_fwd_pipelined import chunk_fwd_pipelined_kernel
+    return choice == "pipelined" or (choice == "auto" and n_blocks <= sm_count)
 
-        return chunk_fwd_pipelined_kernel
-    from .hopper.chunk_fwd import chunk_fwd_kernel
 
-    return chunk_fwd_kernel
+def recurrence_kernel(n_blocks: int, sm_count: int, arch: Arch | str):
+    """The chunk-recurrence kernel factory of ``arch`` for a grid of ``n_blocks`` blocks."""
+    return kernel_factory(arch, "chunk_fwd_pipelined" if use_pipelined(n_blocks, sm_count) else "chunk_fwd")
 
 
 _SM_COUNTS: dict = {}

@@ -64,3 +64,95 @@ def test_import_needs_no_gpu():
                          check=False)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "chunk_gated_delta_rule"
+
+
+# --- one place maps an arch to its kernel files (dispatch.kernel_factory), with a mocked GPU ---
+
+def _mock_gpu(monkeypatch, cc):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: cc)
+
+
+# (capability, arch, chunk, target, module of each forward kernel). sm100 / sm120 have no files of their
+# own yet: they compile the Hopper files for their own target (mma.sync there, see dispatch.py).
+FORWARD_FILES = {"kkt_solve": "hopper.kkt_solve", "chunk_fwd": "hopper.chunk_fwd",
+                 "chunk_fwd_pipelined": "hopper.chunk_fwd"}
+
+
+@pytest.mark.parametrize("cc,name,chunk,target", [
+    ((9, 0), "sm90", 64, "sm_90a"),
+    ((10, 0), "sm100", 64, "sm_100a"),
+    ((10, 3), "sm100", 64, "sm_100a"),
+    ((12, 0), "sm120", 32, "sm_120a"),
+    ((12, 1), "sm120", 32, "sm_120a"),
+], ids=lambda x: ".".join(map(str, x)) if isinstance(x, tuple) else None)
+def test_mocked_device_gets_its_kernels(monkeypatch, cc, name, chunk, target):
+    from qlabench.kernels import kernels_available
+    from qlabench.kernels.dispatch import arch_for_device, kernel_factory
+    from qlabench.kernels.forward import recurrence_kernel
+
+    _mock_gpu(monkeypatch, cc)
+    arch = arch_for_device("cuda:0")
+    assert (arch.name, arch.chunk_size, arch.target["arch"]) == (name, chunk, target)
+    assert kernels_available() == (True, "")
+    for role, module in FORWARD_FILES.items():
+        factory = kernel_factory(arch, role)
+        assert factory.__module__ == f"qlabench.kernels.{module}", role
+        assert factory.__wrapped__.__name__ == f"{role}_kernel"
+    # forward.py asks the same table for the recurrence, per grid size
+    assert recurrence_kernel(10, 132, arch) is kernel_factory(arch, "chunk_fwd_pipelined")
+    assert recurrence_kernel(1000, 132, arch) is kernel_factory(arch, "chunk_fwd")
+    assert recurrence_kernel(1000, 132, name) is kernel_factory(name, "chunk_fwd")
+
+
+@pytest.mark.parametrize("name,has_bwd", [("sm90", True), ("sm100", True), ("sm120", False)])
+def test_backward_kernels_per_arch(name, has_bwd):
+    from qlabench.kernels.dispatch import BACKWARD_ROLES, kernel_factory, require_backward
+
+    arch = ARCHS[name]
+    assert arch.has_backward is has_bwd
+    if has_bwd:
+        require_backward(arch)
+        for role in BACKWARD_ROLES:
+            assert kernel_factory(arch, role).__module__.startswith("qlabench.kernels.hopper.bwd_"), role
+    else:
+        for call in [lambda: require_backward(arch)] + [lambda r=r: kernel_factory(arch, r) for r in BACKWARD_ROLES]:
+            with pytest.raises(NotImplementedError, match=r"no backward kernels for sm120 .*12\.0 / 12\.1"):
+                call()
+
+
+@pytest.mark.parametrize("cc", [(8, 0), (8, 9), (11, 0), (9, 1)], ids=lambda cc: f"{cc[0]}.{cc[1]}")
+def test_mocked_unknown_device_is_named(monkeypatch, cc):
+    from qlabench.kernels import kernels_available
+    from qlabench.kernels.dispatch import arch_for_device
+
+    _mock_gpu(monkeypatch, cc)
+    with pytest.raises(ValueError, match=rf"no qlabench kernels for compute capability {cc[0]}\.{cc[1]}"):
+        arch_for_device("cuda")
+    ok, why = kernels_available()
+    assert not ok and f"{cc[0]}.{cc[1]}" in why
+
+
+def test_unknown_kernel_role():
+    from qlabench.kernels.dispatch import kernel_factory
+
+    with pytest.raises(ValueError, match="'fused_fwd'"):
+        kernel_factory("sm90", "fused_fwd")
+    with pytest.raises(ValueError, match="'sm80'"):
+        kernel_factory("sm80", "kkt_solve")
+
+
+def test_sm120_backward_call_raises(monkeypatch):
+    """On an sm120 device the backward API raises NotImplementedError before any work."""
+    import torch
+
+    from qlabench.kernels import backward
+
+    monkeypatch.setattr(backward, "arch_for_device", lambda device: ARCHS["sm120"])
+    T, H, D = 32, 1, 128
+    x = torch.zeros(1, T, H, D, dtype=torch.bfloat16)
+    gate = torch.zeros(1, T, H)
+    with pytest.raises(NotImplementedError, match="no backward kernels for sm120"):
+        backward.chunk_gated_delta_rule_bwd(x, x, x, gate, gate, torch.zeros(1, T, H, 32, dtype=x.dtype), x)
