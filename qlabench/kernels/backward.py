@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import torch
 
+from .common.chunks import build_chunk_table, dense_cu_seqlens
 from .dispatch import arch_by_name, arch_for_device, kernel_factory, require_backward
 from .validate import validate
 
@@ -36,28 +37,6 @@ _BV = 64
 def _alloc(shape, dtype, device) -> torch.Tensor:
     """Every output and intermediate buffer comes from here (tests swap in a NaN-filled version)."""
     return torch.empty(shape, dtype=dtype, device=device)
-
-
-def _chunk_tables(cu: torch.Tensor, n_tok: int, C: int):
-    """(chunk_offsets `[N + 1]`, chunk_bounds `[NCmax, 2]`, NCmax) for int32 boundaries ``cu``.
-
-    Sequence n owns chunks chunk_offsets[n] .. chunk_offsets[n + 1] - 1; chunk i covers tokens
-    chunk_bounds[i] = (start, end). NCmax = ceil(n_tok / C) + N bounds the real chunk count; the
-    rows past it are (0, 0) and their blocks do nothing.
-    """
-    cu = cu.to(torch.int64)
-    N = cu.numel() - 1
-    n_chunks = (cu[1:] - cu[:-1] + C - 1) // C
-    offsets = torch.zeros(N + 1, dtype=torch.int64, device=cu.device)
-    offsets[1:] = torch.cumsum(n_chunks, 0)
-    ncmax = -(-n_tok // C) + N
-    idx = torch.arange(ncmax, device=cu.device)
-    seq = torch.searchsorted(offsets[1:], idx, right=True).clamp_(max=N - 1)
-    start = cu[seq] + C * (idx - offsets[seq])
-    end = torch.minimum(start + C, cu[seq + 1])
-    valid = idx < offsets[-1]
-    bounds = torch.stack([torch.where(valid, start, 0), torch.where(valid, end, 0)], 1)
-    return offsets.to(torch.int32).contiguous(), bounds.to(torch.int32).contiguous(), ncmax
 
 
 def _dtype_name(dtype) -> str:
@@ -189,11 +168,9 @@ def _bwd_impl(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens,
     g2 = g_cumsum.reshape(BT, H).contiguous()
     b2 = beta.reshape(BT, H).to(f32).contiguous()
     A2 = A.reshape(BT, H, C).contiguous()
-    if cu_seqlens is None:
-        cu = torch.arange(0, (p.B + 1) * p.T, p.T, dtype=torch.int32, device=dev)
-    else:
-        cu = cu_seqlens.to(dev, torch.int32).contiguous()
-    offsets, bounds, ncmax = _chunk_tables(cu, BT, C)
+    cu = dense_cu_seqlens(p.B, p.T, dev) if cu_seqlens is None else cu_seqlens.to(dev, torch.int32)
+    table = build_chunk_table(cu, BT, C)
+    cu, offsets, bounds, ncmax = table.cu_seqlens, table.chunk_offsets, table.chunk_bounds, table.n_chunks_max
 
     def state_in(x):
         if x is None:

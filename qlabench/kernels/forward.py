@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .common.chunks import build_chunk_table
+from .common.chunks import build_chunk_table, dense_cu_seqlens
 from .common.cumsum import chunk_local_cumsum
 from .dispatch import Arch, arch_for_device, kernel_factory
 from .validate import validate
@@ -19,10 +19,6 @@ _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 def value_tile(n_blocks: int, sm_count: int = 132) -> int:
     """V tile width: wide tiles when the (sequence, head) blocks alone fill the GPU, narrow otherwise."""
     return 64 if n_blocks >= sm_count // 2 else 32
-
-
-def dense_cu_seqlens(B: int, T: int, device) -> torch.Tensor:
-    return torch.arange(0, (B + 1) * T, T, dtype=torch.int32, device=device)
 
 
 def chunk_gated_delta_rule_fwd(

@@ -131,16 +131,6 @@ def test_backward_host_with_kernel_twins(case, monkeypatch):
             assert (got[n].flatten(0, 1)[end:] == 0).all(), f"{n} not zero on the padding tail"
 
 
-def test_chunk_tables_cover_every_token_once():
-    cu = torch.tensor([0, 1, 34, 97, 161, 226, 226, 250], dtype=torch.int32)
-    offsets, bounds, ncmax = backward._chunk_tables(cu, 260, 64)
-    assert offsets.tolist() == [0, 1, 2, 3, 4, 6, 6, 7]
-    assert ncmax == 5 + 7
-    real = bounds[: offsets[-1]].tolist()
-    assert real == [[0, 1], [1, 34], [34, 97], [97, 161], [161, 225], [225, 226], [226, 250]]
-    assert (bounds[offsets[-1]:] == 0).all()
-
-
 def test_bad_arguments_raise():
     with pytest.raises(ValueError, match="h_v"):
         backward.compile_backward_kernels(2, 0)

@@ -13,6 +13,11 @@ from dataclasses import dataclass
 import torch
 
 
+def dense_cu_seqlens(B: int, T: int, device) -> torch.Tensor:
+    """cu_seqlens of B dense sequences of T tokens in the flattened token axis: [0, T, ..., B*T]."""
+    return torch.arange(0, (B + 1) * T, T, dtype=torch.int32, device=device)
+
+
 def max_chunks(T: int, N: int, C: int) -> int:
     """Upper bound on sum_n ceil(L_n / C) for N sequences packed into T tokens."""
     return -(-T // C) + N
