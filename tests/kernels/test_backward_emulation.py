@@ -8,8 +8,6 @@ gradients; with the kernels' bf16 staging it must stay within the GPU tests' rel
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -17,41 +15,10 @@ import torch.nn.functional as F
 from qlabench.kernels.emulate_bwd import emulate_chunk_gated_delta_rule_bwd
 from qlabench.kernels.reference import chunk_gated_delta_rule_ref, chunk_intermediates_ref
 
+from .cases import Case
+
 F64 = torch.float64
 NAMES = ("dq", "dk", "dv", "dbeta", "dg", "dh0")
-
-
-@dataclass(frozen=True)
-class Case:
-    B: int = 1
-    T: int = 64
-    h_qk: int = 2
-    h_v: int = 2
-    K: int = 16
-    V: int = 16
-    C: int = 16
-    cu_seqlens: tuple[int, ...] | None = None
-    h0: bool = False
-    dht: bool = True
-    state_v_first: bool = False
-    strong_decay: bool = False
-    seed: int = 0
-
-    @property
-    def id(self) -> str:
-        parts = [f"B{self.B}", f"T{self.T}", f"H{self.h_qk}", f"HV{self.h_v}", f"K{self.K}", f"V{self.V}",
-                 f"C{self.C}"]
-        if self.cu_seqlens is not None:
-            parts.append("varlen" + "_".join(map(str, self.cu_seqlens)))
-        for flag, name in ((self.h0, "h0"), (not self.dht, "nodht"), (self.state_v_first, "vfirst"),
-                           (self.strong_decay, "qwen")):
-            if flag:
-                parts.append(name)
-        return "-".join(parts)
-
-    @property
-    def N(self) -> int:
-        return self.B if self.cu_seqlens is None else len(self.cu_seqlens) - 1
 
 
 def make_problem(case: Case):

@@ -8,7 +8,6 @@ of (o, final_state).
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
 
 import pytest
 import torch
@@ -20,6 +19,8 @@ from qlabench.kernels.reference import (
     l2norm,
     recurrent_gated_delta_rule_ref,
 )
+
+from .cases import Case
 
 F64 = torch.float64
 GRAD_NAMES = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
@@ -35,39 +36,6 @@ def _one_cpu_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
-
-
-@dataclass(frozen=True)
-class Case:
-    B: int = 1
-    T: int = 64
-    h_qk: int = 2
-    h_v: int = 2
-    K: int = 16
-    V: int = 16
-    C: int = 16
-    cu_seqlens: tuple[int, ...] | None = None
-    h0: bool = False
-    state_v_first: bool = False
-    strong_decay: bool = False
-    l2norm: bool = False
-    seed: int = 0
-
-    @property
-    def id(self) -> str:
-        parts = [f"B{self.B}", f"T{self.T}", f"H{self.h_qk}", f"HV{self.h_v}", f"K{self.K}",
-                 f"V{self.V}", f"C{self.C}"]
-        if self.cu_seqlens is not None:
-            parts.append("varlen")
-        for flag, name in ((self.h0, "h0"), (self.state_v_first, "vfirst"),
-                           (self.strong_decay, "strongdecay"), (self.l2norm, "l2norm")):
-            if flag:
-                parts.append(name)
-        return "-".join(parts)
-
-    @property
-    def N(self) -> int:
-        return self.B if self.cu_seqlens is None else len(self.cu_seqlens) - 1
 
 
 def make_inputs(case: Case) -> dict:
