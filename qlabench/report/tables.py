@@ -264,9 +264,12 @@ def header_lines(report: Report) -> list[str]:
     for k in ("driver", "cuda"):
         if env.get(k):
             gpu_line += f" | {k}: {env[k]}"
-    clocks = env.get("clocks_start") or {}
-    if clocks.get("sm_mhz"):
-        gpu_line += f" | SM clock {clocks['sm_mhz']} MHz"
+    start = (env.get("clocks_start") or {}).get("sm_mhz")
+    end = (env.get("clocks_end") or {}).get("sm_mhz")
+    if start and end:  # the start reading is usually the idle clock; the end one was under load
+        gpu_line += f" | SM clock {start} MHz at start, {end} MHz at end"
+    elif start or end:
+        gpu_line += f" | SM clock {start or end} MHz at {'start' if start else 'end'}"
     out = [gpu_line]
     cfg = []
     for label, key in (("Timer", "timer"), ("Warmup", "warmup"), ("Repeats", "repeats"), ("L2", "l2_policy")):
