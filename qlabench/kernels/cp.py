@@ -1,0 +1,273 @@
+"""Intra-card context parallelism (CP): the plan that cuts long sequences into pieces.
+
+Why. The chunk recurrence is serial per (sequence, head): on the H200 one chunk step of the
+pipelined recurrence takes ~1.9 us with one block per SM (results/h200/NOTES.md), so a 32k-token
+sequence costs 512 steps however few heads it has, while most of the 132 SMs idle. The recurrence
+is affine in the state (S_out = M S_in + S_loc per piece, see `forward_cp.py`), so a sequence can be
+cut into pieces that run in parallel from corrected initial states.
+
+Model (FlashQLA's stated latency model, flashqla-design.md 4.2). With Lc chunks in all, H heads, P
+SMs and pieces of L chunks, a CP forward takes about
+
+    time ~ a L + b (H Lc / P) / L
+
+(a L: the serial chain of one piece, paid by the local pass and the output pass; the second term:
+the (H Lc / L) piece-head chains share P SMs, and the per-piece correction work grows with the piece
+count). The optimum is L* ~ sqrt(H Lc / P) up to the unknown ratio b / a; here
+
+    L = 2 ** round(log2(alpha * sqrt(H * Lc / P))),   L >= min_piece_chunks (4),
+
+with alpha = 3 (FlashQLA's empirical factor; not yet fitted for our kernels: the next H200 session
+fits it). Powers of two keep the number of distinct plans (and so of grid shapes) small; L >= 4
+keeps the pipelined recurrence's 2-stage ring fed.
+
+Enable rule. Without CP the grid holds ~Be * H long chains, Be = Lc / max_chunks (effective batch).
+CP pays one extra pass plus a correction, so it only helps when those chains leave most SMs idle:
+
+    on  iff  the longest sequence has more than L chunks (something to cut) and
+             (Be H <= P * 40 / 132  or  (Be H <= P * 56 / 132 and max_chunks >= 128))
+
+(FlashQLA's SM90 thresholds 40 / 56 at 132 SMs, scaled with the SM count).
+
+Tensor-parallel sharding. Upstream plans with the local head count, so a 16-head model run on 4 TP
+ranks (4 heads each) cut its sequences differently from the unsharded run and the results differed
+(flashqla-design.md 4.2, PR #31/#32). Here the caller may pass ``heads`` = the GLOBAL head count:
+the split then depends only on (cu_seqlens, global heads, SM count, chunk size), identical on every
+rank; the truncation decision is per (piece, head) and reads only that head's gates, so it does not
+depend on the sharding either.
+
+CUDA graphs. Planning reads cu_seqlens on the host (one sync, through `validate._host_values`, which
+remembers values by tensor identity); the plan (host numbers + device index tensors) is cached by the
+host values and the planning parameters. Inside a CUDA-graph capture nothing is read or uploaded: a
+plan must have been made for the same cu_seqlens tensor before the capture, else RuntimeError.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .validate import _host_values
+
+__all__ = ["CPPlan", "build_plan", "choose_piece_chunks", "plan_cp"]
+
+ALPHA = 3.0
+MIN_PIECE_CHUNKS = 4
+# FlashQLA's SM90 enable thresholds (Be * Hv <= 40, or <= 56 with >= 128 chunks) at 132 SMs.
+_ON_FRACTION = 40 / 132
+_ON_FRACTION_LONG = 56 / 132
+_LONG_CHUNKS = 128
+
+
+def choose_piece_chunks(lengths, heads: int, sm_count: int, chunk_size: int, *, alpha: float = ALPHA,
+                        min_piece_chunks: int = MIN_PIECE_CHUNKS) -> tuple[bool, int]:
+    """(enabled, L): whether CP turns on for sequences of ``lengths`` tokens, and the piece length
+    L in chunks (a power of two >= ``min_piece_chunks``; returned also when CP is off).
+
+    Depends only on the lengths, ``heads`` (pass the global head count for a TP-sharded model),
+    the SM count and the chunk size. See the module docstring for the rule and why.
+    """
+    if heads < 1 or sm_count < 1 or chunk_size < 1:
+        raise ValueError(f"heads, sm_count and chunk_size must be positive, got {heads}, {sm_count}, "
+                         f"{chunk_size}")
+    chunks = [-(-int(n) // chunk_size) for n in lengths]
+    total = sum(chunks)
+    longest = max(chunks, default=0)
+    if total == 0:
+        return False, min_piece_chunks
+    ideal = alpha * math.sqrt(heads * total / sm_count)
+    L = max(min_piece_chunks, 2 ** round(math.log2(max(ideal, 1.0))))
+    busy = heads * total / longest  # Be * H
+    on = longest > L and (busy <= sm_count * _ON_FRACTION
+                          or (busy <= sm_count * _ON_FRACTION_LONG and longest >= _LONG_CHUNKS))
+    return on, L
+
+
+@dataclass(frozen=True, eq=False)
+class CPPlan:
+    """Pieces of a packed batch and the device tables the CP forward reads.
+
+    Every sequence with more than L chunks is cut at multiples of L * C tokens from its start (the
+    last piece shorter); other sequences (also empty ones) are one piece each. Pieces are numbered in
+    token order, so ``cu_pieces`` is a cu_seqlens of the pieces that the recurrence kernel takes as is.
+
+    Host attributes: ``enabled``, ``piece_chunks`` (L; 0 when off), ``chunk_size``, ``n_seqs``,
+    ``pieces`` ((bos, eos, sequence) per piece), ``pass1`` ((p_lo, p_hi) piece range of the local
+    pass, covering every piece that is not last in its sequence, or None), ``n_slots`` (most pieces
+    of one sequence), ``long_seqs`` (the sequences of more than one piece).
+
+    Device tensors (on ``device``):
+        cu_pieces `[P + 1]` int32, chunk_offsets `[P + 1]` int32 (chunks before each piece),
+        piece_seq `[P]` int64, is_first / is_last `[P]` bool, last_piece `[N]` int64,
+        pass1_cu / pass1_chunk_offsets `[p_hi - p_lo + 1]` int32 (the local pass's table),
+        piece_start / piece_end `[p_hi - p_lo]` int64 (token ranges of the local pass's pieces),
+        slot_src `[n_slots - 1, n_long]` int64: for chain step s and long sequence l, the local-pass
+            row of that sequence's piece s, or p_hi - p_lo (a zero row) past its second-to-last piece,
+        slot_seq `[n_long]` int64: sequence of long sequence l,
+        h0_src `[P]` int64: row of each piece's initial state in cat(slots `[n_slots * n_long]`,
+            per-sequence initial states `[N]`).
+    """
+
+    enabled: bool
+    piece_chunks: int
+    chunk_size: int
+    n_seqs: int
+    pieces: tuple[tuple[int, int, int], ...]
+    pass1: tuple[int, int] | None
+    n_slots: int
+    long_seqs: tuple[int, ...]
+    cu_pieces: torch.Tensor
+    chunk_offsets: torch.Tensor
+    piece_seq: torch.Tensor
+    is_first: torch.Tensor
+    is_last: torch.Tensor
+    last_piece: torch.Tensor
+    pass1_cu: torch.Tensor | None
+    pass1_chunk_offsets: torch.Tensor | None
+    piece_start: torch.Tensor | None
+    piece_end: torch.Tensor | None
+    slot_src: torch.Tensor | None
+    slot_seq: torch.Tensor | None
+    h0_src: torch.Tensor
+
+    @property
+    def n_pieces(self) -> int:
+        return len(self.pieces)
+
+    @property
+    def pass1_wasted(self) -> int:
+        """Pieces inside the local pass's range that are last in their sequence (their result is not
+        read; the kernel runs a contiguous range of pieces)."""
+        if self.pass1 is None:
+            return 0
+        lo, hi = self.pass1
+        last = {p for p in range(lo, hi) if p + 1 == len(self.pieces) or self.pieces[p + 1][2] != self.pieces[p][2]}
+        return len(last)
+
+
+def build_plan(cu: list[int], piece_chunks: int | None, chunk_size: int, device) -> CPPlan:
+    """The plan for host boundaries ``cu`` with pieces of ``piece_chunks`` chunks (None: CP off,
+    every sequence one piece). Pure host work plus one upload per table."""
+    C = chunk_size
+    L = piece_chunks
+    pieces: list[tuple[int, int, int]] = []
+    for n, (bos, eos) in enumerate(itertools.pairwise(cu)):
+        if L is not None and -(-(eos - bos) // C) > L:
+            pieces.extend((s, min(s + L * C, eos), n) for s in range(bos, eos, L * C))
+        else:
+            pieces.append((bos, eos, n))
+    N = len(cu) - 1
+    P = len(pieces)
+    seq = [p[2] for p in pieces]
+    is_first = [j == 0 or seq[j - 1] != seq[j] for j in range(P)]
+    is_last = [j == P - 1 or seq[j + 1] != seq[j] for j in range(P)]
+    counts = [0] * N
+    for n in seq:
+        counts[n] += 1
+    first = [0] * N
+    last = [0] * N
+    for j, n in enumerate(seq):
+        if is_first[j]:
+            first[n] = j
+        if is_last[j]:
+            last[n] = j
+    offsets = [0]
+    for bos, eos, _ in pieces:
+        offsets.append(offsets[-1] + -(-(eos - bos) // C))
+    cu_pieces = [pieces[0][0]] + [p[1] for p in pieces] if P else [0]
+
+    long_seqs = tuple(n for n in range(N) if counts[n] > 1)
+    n_slots = max((counts[n] for n in long_seqs), default=0)
+    non_last = [j for j in range(P) if not is_last[j]]
+    pass1 = (non_last[0], non_last[-1] + 1) if non_last else None
+
+    def up(x, dtype):
+        return torch.tensor(x, dtype=dtype, device=device)
+
+    i32, i64 = torch.int32, torch.int64
+    pass1_cu = pass1_off = piece_start = piece_end = slot_src = slot_seq = None
+    h0_src = [n_slots * len(long_seqs) + n for n in seq]
+    if pass1 is not None:
+        lo, hi = pass1
+        pass1_cu = up(cu_pieces[lo:hi + 1], i32)
+        pass1_off = up(offsets[lo:hi + 1], i32)
+        piece_start = up([pieces[j][0] for j in range(lo, hi)], i64)
+        piece_end = up([pieces[j][1] for j in range(lo, hi)], i64)
+        zero_row = hi - lo
+        src = [[first[n] + s - lo if s < counts[n] - 1 else zero_row for n in long_seqs]
+               for s in range(n_slots - 1)]
+        slot_src = up(src, i64).reshape(n_slots - 1, len(long_seqs))
+        slot_seq = up(list(long_seqs), i64)
+        for l_idx, n in enumerate(long_seqs):
+            for s in range(counts[n]):
+                h0_src[first[n] + s] = s * len(long_seqs) + l_idx
+    return CPPlan(
+        enabled=pass1 is not None, piece_chunks=L or 0, chunk_size=C, n_seqs=N, pieces=tuple(pieces),
+        pass1=pass1, n_slots=n_slots, long_seqs=long_seqs,
+        cu_pieces=up(cu_pieces, i32), chunk_offsets=up(offsets, i32), piece_seq=up(seq, i64),
+        is_first=up(is_first, torch.bool), is_last=up(is_last, torch.bool), last_piece=up(last, i64),
+        pass1_cu=pass1_cu, pass1_chunk_offsets=pass1_off, piece_start=piece_start, piece_end=piece_end,
+        slot_src=slot_src, slot_seq=slot_seq, h0_src=up(h0_src, i64),
+    )
+
+
+_PLANS: dict = {}
+_MAX_PLANS = 32
+
+
+def _capturing(device) -> bool:
+    return torch.device(device).type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def plan_cp(cu_seqlens: torch.Tensor | None, *, heads: int, sm_count: int, chunk_size: int, B: int = 1,
+            T: int | None = None, device=None, alpha: float = ALPHA, min_piece_chunks: int = MIN_PIECE_CHUNKS,
+            piece_chunks: int | None = None, enable: bool | None = None) -> CPPlan:
+    """The (cached) CP plan of a call.
+
+    Args:
+        cu_seqlens: `[N + 1]` boundaries (host values are read once per tensor and remembered), or
+            None for B dense sequences of T tokens.
+        heads: planning head count: H_v of the call, or the model's global head count under tensor
+            parallelism (then every rank gets the same split).
+        sm_count, chunk_size: of the device / arch.
+        piece_chunks: force L (chunks per piece) instead of the model's choice.
+        enable: force CP on (True) or off (False) instead of the enable rule.
+
+    Raises:
+        RuntimeError: inside a CUDA-graph capture when this plan was not made before the capture.
+    """
+    device = torch.device(device if device is not None else
+                          (cu_seqlens.device if cu_seqlens is not None else "cpu"))
+    if cu_seqlens is None:
+        if T is None:
+            raise ValueError("plan_cp needs T for dense input (cu_seqlens None)")
+        cu = [b * T for b in range(B + 1)]
+    else:
+        cu = _host_values(cu_seqlens)
+        if cu is None:
+            raise RuntimeError("CP plan needed inside a CUDA-graph capture for a cu_seqlens tensor "
+                               "not seen before: call once eagerly (or plan_cp) before capturing")
+    key = (tuple(cu), heads, sm_count, chunk_size, alpha, min_piece_chunks, piece_chunks, enable, str(device))
+    plan = _PLANS.get(key)
+    if plan is not None:
+        return plan
+    if _capturing(device):
+        raise RuntimeError("CP plan needed inside a CUDA-graph capture but not made before it: call "
+                           "once eagerly (or plan_cp with the same arguments) before capturing")
+    lengths = [b - a for a, b in itertools.pairwise(cu)]
+    on, L = choose_piece_chunks(lengths, heads, sm_count, chunk_size, alpha=alpha,
+                                min_piece_chunks=min_piece_chunks)
+    if piece_chunks is not None:
+        if piece_chunks < 1:
+            raise ValueError(f"piece_chunks must be positive, got {piece_chunks}")
+        L = piece_chunks
+    if enable is not None:
+        on = enable
+    plan = build_plan(cu, L if on else None, chunk_size, device)
+    if len(_PLANS) >= _MAX_PLANS:
+        _PLANS.pop(next(iter(_PLANS)))
+    _PLANS[key] = plan
+    return plan

@@ -1,0 +1,107 @@
+"""Float64 torch twins of the three forward kernels, with the kernels' exact argument lists.
+
+They let the orchestration code that drives the kernels (``forward_cp.py``) run on the CPU: each
+twin writes the same output buffers the kernel writes, rows the kernel leaves alone stay untouched,
+and the math is the reference's (``reference.py``) in float64 (whatever the buffer dtypes; results
+are cast to them on store). Used by tests/kernels/test_forward_cp.py.
+
+    chunk_local_cumsum(g, table, C, arch, reverse=False, out=None)   (common/cumsum.py's wrapper)
+    kkt_solve_kernel(h_qk, h_v, K, C, dtype, arch)(q, k, g_cumsum, beta, chunk_bounds, A, Ag, Pm, scale)
+    chunk_fwd_kernel(h_qk, h_v, K, V, BV, C, dtype, state_v_first, arch)(
+        q, k, v, g_cumsum, Ag, Pm, cu_seqlens, chunk_offsets, h0, o, ht, h_out,
+        scale, has_h0, store_final, store_h)
+
+Kernel behaviour reproduced: per-chunk rows past the sequence end read as zero, gam clamped to the
+sequence's last token, o written only inside [cu[n], cu[n+1]), the padding tail after cu[-1] zeroed,
+final state / per-chunk h written only when their flags are set, V tiling (exact) ignored.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .emulate_bwd import _chunk_gates, _chunk_rows, _expand_heads
+
+__all__ = ["TWIN_KERNELS", "twin_chunk_fwd_kernel", "twin_chunk_local_cumsum", "twin_kkt_solve_kernel"]
+
+F64 = torch.float64
+
+
+def twin_chunk_local_cumsum(g, table, C: int, arch: str, reverse: bool = False, out=None):
+    """In-chunk cumsum of g `[n_tok, H]` over the chunks of ``table`` (tail left as in ``out``)."""
+    if out is None:
+        out = torch.zeros_like(g)
+    for t0, end in table.chunk_bounds.tolist():
+        if t0 >= end:
+            continue
+        x = g[t0:end].to(F64)
+        cs = x.flip(0).cumsum(0).flip(0) if reverse else x.cumsum(0)
+        out[t0:end] = cs.to(out.dtype)
+    return out
+
+
+def twin_kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str):
+    def kkt_solve(q, k, g_cumsum, beta, chunk_bounds, A, Ag, Pm, scale):
+        qf, kf = _expand_heads(q, h_v), _expand_heads(k, h_v)
+        gf, bf = g_cumsum.to(F64), beta.to(F64)
+        eye = torch.eye(C, dtype=F64)
+        for t0, end in chunk_bounds.tolist():
+            if t0 >= end:
+                continue
+            _, b, _, _, _, Gam = _chunk_gates(gf, bf, t0, end, C)
+            Q_c, K_c = _chunk_rows(qf, t0, end, C), _chunk_rows(kf, t0, end, C)
+            lower = torch.tril(b[:, :, None] * (K_c @ K_c.transpose(-1, -2)), -1)
+            A_k = torch.linalg.solve_triangular(eye + lower, eye.expand_as(lower), upper=False,
+                                                unitriangular=True)
+            n = end - t0
+            A[t0:end] = A_k.movedim(0, 1)[:n].to(A.dtype)
+            Ag[t0:end] = (Gam * A_k * b[:, None, :]).movedim(0, 1)[:n].to(Ag.dtype)
+            Pm[t0:end] = (scale * Gam * (Q_c @ K_c.transpose(-1, -2))).movedim(0, 1)[:n].to(Pm.dtype)
+
+    return kkt_solve
+
+
+def twin_chunk_fwd_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str,
+                          state_v_first: bool, arch: str):
+    def chunk_fwd(q, k, v, g_cumsum, Ag, Pm, cu_seqlens, chunk_offsets, h0, o, ht, h_out, scale, has_h0,
+                  store_final, store_h):
+        n_tok = q.shape[0]
+        assert all(x.shape[0] == n_tok for x in (k, v, g_cumsum, Ag, Pm, o)), "n_tok differs"
+        qf, kf, vf = _expand_heads(q, h_v), _expand_heads(k, h_v), v.to(F64)
+        gf = g_cumsum.to(F64)
+        beta_dummy = torch.zeros_like(gf)
+        cu, off = cu_seqlens.tolist(), chunk_offsets.tolist()
+        for n in range(len(cu) - 1):
+            bos, eos = cu[n], cu[n + 1]
+            if has_h0:
+                S = h0[n].to(F64)
+                S = S.transpose(-1, -2) if state_v_first else S
+            else:
+                S = torch.zeros(h_v, K, V, dtype=F64)
+            for c, t0 in enumerate(range(bos, eos, C)):
+                end = min(t0 + C, eos)
+                _, _, e, r, gC, _ = _chunk_gates(gf, beta_dummy, t0, end, C)
+                if store_h:
+                    h_out[off[n] + c] = (S.transpose(-1, -2) if state_v_first else S).to(h_out.dtype)
+                K_c, Q_c, V_c = (_chunk_rows(x, t0, end, C) for x in (kf, qf, vf))
+                Ag_c = _chunk_rows(Ag.to(F64), t0, end, C)
+                Pm_c = _chunk_rows(Pm.to(F64), t0, end, C)
+                W = V_c - e[..., None] * (K_c @ S)
+                Vd = Ag_c @ W
+                O = scale * e[..., None] * (Q_c @ S) + Pm_c @ Vd
+                o[t0:end] = O.movedim(0, 1)[: end - t0].to(o.dtype)
+                S = torch.exp(gC)[:, None, None] * S + K_c.transpose(-1, -2) @ (r[..., None] * Vd)
+            if store_final:
+                ht[n] = (S.transpose(-1, -2) if state_v_first else S).to(ht.dtype)
+        if len(cu) > 1:
+            o[cu[-1]:] = 0
+    return chunk_fwd
+
+
+def _twin_recurrence(n_blocks: int, sm_count: int, arch):
+    return twin_chunk_fwd_kernel
+
+
+# The ForwardKernels bundle of forward_cp (built lazily there to keep this module import-light).
+TWIN_KERNELS = {"cumsum": twin_chunk_local_cumsum, "kkt_solve": twin_kkt_solve_kernel,
+                "recurrence": _twin_recurrence}

@@ -1,0 +1,140 @@
+"""Intra-card CP forward (forward_cp.py) on the GPU: against the plain forward and the float64 reference.
+
+Every case runs CP three ways: with the plan the model chooses (often off on small cases), forced on
+with short pieces (4 chunks: many pieces, long chains of corrections), and forced on exactly
+(decay_threshold None). Tolerances as tests/kernels/test_forward_gpu.py (relative L2 <= 0.02 against
+the reference); against the plain forward the budget is the same (both stage in bf16).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from qlabench.kernels.reference import chunk_gated_delta_rule_ref
+
+from .gdn_inputs import make_inputs, poison_cuda_cache, rel_l2
+
+pytestmark = pytest.mark.gpu
+TOL = 0.02
+MODES = {"model": {}, "forced4": {"piece_chunks": 4, "enable": True},
+         "forced16_exact": {"piece_chunks": 16, "enable": True, "exact": True}}
+
+
+def _varlen(lengths, tail=0):
+    cu = [0]
+    for n in lengths:
+        cu.append(cu[-1] + n)
+    return cu, cu[-1] + tail
+
+
+def _check_cp(inp, modes=MODES):
+    from qlabench.kernels.cp import plan_cp
+    from qlabench.kernels.dispatch import arch_for_device
+    from qlabench.kernels.forward import _sm_count, chunk_gated_delta_rule_fwd
+    from qlabench.kernels.forward_cp import chunk_gated_delta_rule_fwd_cp
+
+    x = {key: inp.get(key) for key in ("q", "k", "v", "g", "beta")}
+    h0, cu, vf = inp.get("initial_state"), inp.get("cu_seqlens"), inp["state_v_first"]
+    ref_o, ref_s = chunk_gated_delta_rule_ref(**x, initial_state=h0, cu_seqlens=cu, state_v_first=vf,
+                                              output_final_state=True)
+    gc_plain, A_plain, o_plain, _, s_plain = chunk_gated_delta_rule_fwd(**x, initial_state=h0, cu_seqlens=cu,
+                                                           state_v_first=vf)
+    B, T, H = inp["v"].shape[:3]
+    arch = arch_for_device(inp["q"].device)
+    results = {}
+    for name, opts in modes.items():
+        opts = dict(opts)
+        exact = opts.pop("exact", False)
+        plan = plan_cp(cu, heads=H, sm_count=_sm_count(inp["q"].device), chunk_size=arch.chunk_size, B=B, T=T,
+                       device=inp["q"].device, **opts)
+        poison_cuda_cache()
+        gc, A, o, h, s = chunk_gated_delta_rule_fwd_cp(**x, initial_state=h0, cu_seqlens=cu, state_v_first=vf,
+                                                       plan=plan, decay_threshold=None if exact else -10.0)
+        errs = {"o_ref": rel_l2(o, ref_o), "s_ref": rel_l2(s, ref_s), "o_plain": rel_l2(o, o_plain),
+                "s_plain": rel_l2(s, s_plain)}
+        assert h is None
+
+        def flat(t, end=int(cu[-1]) if cu is not None else B * T):
+            return t.reshape(-1, *t.shape[2:])[:end]
+
+        # Same cumsum and kkt_solve launches as the plain forward on the same inputs: bitwise equal.
+        assert torch.equal(flat(gc), flat(gc_plain)) and torch.equal(flat(A), flat(A_plain)), name
+        assert torch.all(o.reshape(-1, *o.shape[2:])[flat(o).shape[0]:] == 0), f"{name}: padding tail not zero"
+        bad = {key: val for key, val in errs.items() if not val <= TOL}
+        assert not bad, f"{name} (pieces {plan.n_pieces}, enabled {plan.enabled}): over {TOL}: {bad} ({errs})"
+        results[name] = errs
+    return results
+
+
+@pytest.mark.parametrize("h_qk,h_v", [(4, 4), (2, 8), (4, 16)], ids=["H4-HV4", "H2-HV8", "H4-HV16"])
+@pytest.mark.parametrize("gate", ["bench", "qwen"])
+def test_cp_dense_T4096(h_qk, h_v, gate):
+    _check_cp(make_inputs(4096, h_qk, h_v, gate=gate))
+
+
+@pytest.mark.parametrize("state_v_first", [False, True], ids=["kv", "vk"])
+@pytest.mark.parametrize("gate", ["bench", "qwen"])
+def test_cp_dense_batch_h0(state_v_first, gate):
+    _check_cp(make_inputs(1000, 2, 4, B=3, gate=gate, h0=True, state_v_first=state_v_first))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("gate", ["bench", "qwen"])
+def test_cp_random_varlen_with_tail(seed, gate):
+    rng = random.Random(seed)
+    n_seq = rng.randint(3, 20)
+    lengths = [1, 33, 63, 64, 65] + [rng.randint(1, 700) for _ in range(n_seq - 5)]
+    rng.shuffle(lengths)
+    cu, T = _varlen(lengths, tail=rng.choice([0, 5, 64, 130]))
+    _check_cp(make_inputs(T, 2, 4, cu_seqlens=cu, gate=gate, h0=seed % 2 == 0, state_v_first=seed == 1))
+
+
+def test_cp_irregular_cu_seqlens_16_32():
+    _check_cp(make_inputs(4096, 16, 32, cu_seqlens=[0, 410, 841, 1135, 2126, 2512, 4096], gate="qwen", h0=True))
+
+
+def test_cp_empty_sequence_and_tail():
+    _check_cp(make_inputs(300, 1, 2, cu_seqlens=[0, 100, 100, 229], h0=True))
+
+
+@pytest.mark.parametrize("state_v_first", [False, True], ids=["kv", "vk"])
+def test_cp_long_T32768_h0(state_v_first):
+    _check_cp(make_inputs(32768, 2, 4, gate="qwen", h0=True, state_v_first=state_v_first))
+
+
+@pytest.mark.parametrize("h_qk,h_v", [(16, 16), (2, 8)], ids=["hk16_hv16", "hk2_hv8"])
+@pytest.mark.parametrize("gate", ["bench", "qwen"])
+def test_cp_1x32768(h_qk, h_v, gate):
+    """The case CP is for: the model's plan must turn CP on here."""
+    from qlabench.kernels.cp import plan_cp
+    from qlabench.kernels.forward import _sm_count
+
+    inp = make_inputs(32768, h_qk, h_v, gate=gate, h0=True)
+    plan = plan_cp(None, heads=h_v, sm_count=_sm_count(inp["q"].device), chunk_size=64, B=1, T=32768,
+                   device=inp["q"].device)
+    assert plan.enabled, "CP should turn on for one 32k sequence with few heads"
+    _check_cp(inp)
+
+
+def test_cp_cuda_graph_capture():
+    """Planned eagerly once, a captured CP call replays without host syncs and matches the eager one."""
+    from qlabench.kernels.forward_cp import chunk_gated_delta_rule_fwd_cp
+
+    inp = make_inputs(8192, 2, 8, cu_seqlens=[0, 6000, 8192], gate="qwen", h0=True)
+    x = {key: inp[key] for key in ("q", "k", "v", "g", "beta")}
+    args = {"initial_state": inp["initial_state"], "cu_seqlens": inp["cu_seqlens"], "transition": "always"}
+    eager = chunk_gated_delta_rule_fwd_cp(**x, **args)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        chunk_gated_delta_rule_fwd_cp(**x, **args)  # warm-up on the side stream
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = chunk_gated_delta_rule_fwd_cp(**x, **args)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured[2], eager[2]) and torch.equal(captured[4], eager[4])
