@@ -94,7 +94,8 @@ class CPPlan:
     last piece shorter); other sequences (also empty ones) are one piece each. Pieces are numbered in
     token order, so ``cu_pieces`` is a cu_seqlens of the pieces that the recurrence kernel takes as is.
 
-    Host attributes: ``enabled``, ``piece_chunks`` (L; 0 when off), ``chunk_size``, ``n_seqs``,
+    Host attributes: ``enabled`` (some sequence is cut, so the local pass and the correction run;
+    a forced-on plan whose sequences are all short is not enabled), ``piece_chunks`` (L; 0 when off), ``chunk_size``, ``n_seqs``,
     ``pieces`` ((bos, eos, sequence) per piece), ``pass1`` ((p_lo, p_hi) piece range of the local
     pass, covering every piece that is not last in its sequence, or None), ``n_slots`` (most pieces
     of one sequence), ``long_seqs`` (the sequences of more than one piece).

@@ -304,3 +304,17 @@ def test_truncation_error_within_bound(state_v_first):
     err_o = (o - ref.o)[0].norm(dim=-1)  # [T, H]; ||q_t|| = 1
     scale = 16 ** -0.5
     assert torch.all(err_o <= scale * bound[seq_of_token] * (1 + 1e-9) + 1e-12)
+
+
+def test_bad_arguments_are_named():
+    q, k, v, g, beta, h0 = _inputs(64, 1, 2)
+    with pytest.raises(ValueError, match="transition"):
+        _run(q, k, v, g, beta, h0, None, 8, 4, transition="never")
+    with pytest.raises(ValueError, match="decay_threshold"):
+        _run(q, k, v, g, beta, h0, None, 8, 4, threshold=1.0)
+    p = validate(q, k, v, g, beta)
+    other = plan_cp(torch.tensor([0, 32, 64]), heads=2, sm_count=132, chunk_size=8)
+    arch = types.SimpleNamespace(name="sm90", chunk_size=8)
+    with pytest.raises(ValueError, match="plan is for"):
+        _fwd_cp(q, k, v, g, beta, p, None, None, True, False, other, None, "auto",
+                ForwardKernels(**TWIN_KERNELS), arch, 132)
