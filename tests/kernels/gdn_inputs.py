@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import torch
 import torch.nn.functional as F
 
@@ -57,3 +59,17 @@ def poison_cuda_cache(nbytes: int = 1 << 30) -> None:
         buf = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda")
         buf.fill_(float("nan"))
         del buf
+
+
+def random_varlen(seed: int) -> tuple[list[int], int]:
+    """(cu_seqlens, T) of 3-20 sequences, always including lengths 1, 33, 63, 64 and 65, in a seeded
+    order, followed by a padding tail of 0, 5, 64 or 130 tokens."""
+    rng = random.Random(seed)
+    n_seq = rng.randint(3, 20)
+    lengths = [1, 33, 63, 64, 65] + [rng.randint(1, 700) for _ in range(n_seq - 5)]
+    rng.shuffle(lengths)
+    tail = rng.choice([0, 5, 64, 130])
+    cu = [0]
+    for n in lengths:
+        cu.append(cu[-1] + n)
+    return cu, cu[-1] + tail

@@ -2,25 +2,16 @@
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 
 from qlabench.kernels import chunk_gated_delta_rule
 from qlabench.kernels.reference import chunk_intermediates_ref
 
-from .gdn_inputs import make_inputs, poison_cuda_cache, rel_l2
+from .gdn_inputs import make_inputs, poison_cuda_cache, random_varlen, rel_l2
 
 pytestmark = pytest.mark.gpu
 TOL = 0.02
-
-
-def _varlen(lengths, tail=0):
-    cu = [0]
-    for n in lengths:
-        cu.append(cu[-1] + n)
-    return cu, cu[-1] + tail
 
 
 def _check_forward(inp, T, check_h=True):
@@ -68,11 +59,7 @@ def test_dense_batch_h0(state_v_first, gate):
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("gate", ["bench", "qwen"])
 def test_random_varlen_with_tail(seed, gate):
-    rng = random.Random(seed)
-    n_seq = rng.randint(3, 20)
-    lengths = [1, 33, 63, 64, 65] + [rng.randint(1, 700) for _ in range(n_seq - 5)]
-    rng.shuffle(lengths)
-    cu, T = _varlen(lengths, tail=rng.choice([0, 5, 64, 130]))
+    cu, T = random_varlen(seed)
     _check_forward(make_inputs(T, 2, 4, cu_seqlens=cu, gate=gate, h0=seed % 2 == 0,
                                state_v_first=seed == 1), T)
 
