@@ -110,6 +110,23 @@ class CPPlan:
         slot_seq `[n_long]` int64: sequence of long sequence l,
         h0_src `[P]` int64: row of each piece's initial state in cat(slots `[n_slots * n_long]`,
             per-sequence initial states `[N]`).
+
+    Backward tables (read by `backward_cp.py`; the mirror image of the forward's, for the reverse
+    state-gradient chain; None / 0 where CP has nothing to chain):
+        ``bwd_pass`` ((p_lo, p_hi) piece range of the local reverse pass, covering every piece that
+        is not first in its sequence, or None), first_piece `[N]` int64,
+        bwd_pass_cu / bwd_pass_chunk_offsets `[p_hi - p_lo + 1]` int32 (chunk offsets absolute, as
+            the forward's pass1 table), bwd_piece_start / bwd_piece_end `[p_hi - p_lo]` int64,
+        bwd_needs_m `[p_hi - p_lo]` bool: the piece's transition enters the chain (neither first nor
+            last in its sequence),
+        bwd_dht_src `[p_hi - p_lo]` int64: row of each range piece's local terminal gradient in
+            cat(per-sequence dht `[N]`, a zero row): its sequence's dht if it is last, else zero,
+        bwd_slot_first `[n_long]` int64: range row of the last piece of long sequence l,
+        bwd_slot_src `[max(n_slots - 2, 0), n_long]` int64: for chain step s, the range row of
+            piece (last - 1 - s) of long sequence l, or p_hi - p_lo (a zero row) once that piece
+            would be the sequence's first,
+        dht_src `[P]` int64: row of each piece's terminal gradient in cat(slots
+            `[(n_slots - 1) * n_long]`, per-sequence dht `[N]`).
     """
 
     enabled: bool
@@ -133,6 +150,17 @@ class CPPlan:
     slot_src: torch.Tensor | None
     slot_seq: torch.Tensor | None
     h0_src: torch.Tensor
+    first_piece: torch.Tensor | None = None
+    bwd_pass: tuple[int, int] | None = None
+    bwd_pass_cu: torch.Tensor | None = None
+    bwd_pass_chunk_offsets: torch.Tensor | None = None
+    bwd_piece_start: torch.Tensor | None = None
+    bwd_piece_end: torch.Tensor | None = None
+    bwd_needs_m: torch.Tensor | None = None
+    bwd_dht_src: torch.Tensor | None = None
+    bwd_slot_first: torch.Tensor | None = None
+    bwd_slot_src: torch.Tensor | None = None
+    dht_src: torch.Tensor | None = None
 
     @property
     def n_pieces(self) -> int:
@@ -205,6 +233,28 @@ def build_plan(cu: list[int], piece_chunks: int | None, chunk_size: int, device)
         for l_idx, n in enumerate(long_seqs):
             for s in range(counts[n]):
                 h0_src[first[n] + s] = s * len(long_seqs) + l_idx
+    # Backward: the reverse chain over pieces that are not first in their sequence.
+    nl = len(long_seqs)
+    non_first = [j for j in range(P) if not is_first[j]]
+    bwd_pass = (non_first[0], non_first[-1] + 1) if non_first else None
+    dht_src = [(n_slots - 1) * nl + n for n in seq] if nl else [n for n in seq]
+    bwd: dict = {"bwd_pass": bwd_pass}
+    if bwd_pass is not None:
+        lo, hi = bwd_pass
+        zero_row = hi - lo
+        bwd.update(
+            bwd_pass_cu=up(cu_pieces[lo:hi + 1], i32), bwd_pass_chunk_offsets=up(offsets[lo:hi + 1], i32),
+            bwd_piece_start=up([pieces[j][0] for j in range(lo, hi)], i64),
+            bwd_piece_end=up([pieces[j][1] for j in range(lo, hi)], i64),
+            bwd_needs_m=up([not is_first[j] and not is_last[j] for j in range(lo, hi)], torch.bool),
+            bwd_dht_src=up([seq[j] if is_last[j] else N for j in range(lo, hi)], i64),
+            bwd_slot_first=up([last[n] - lo for n in long_seqs], i64),
+            bwd_slot_src=up([[last[n] - 1 - s - lo if s <= counts[n] - 3 else zero_row for n in long_seqs]
+                             for s in range(n_slots - 2)], i64).reshape(max(n_slots - 2, 0), nl),
+        )
+        for l_idx, n in enumerate(long_seqs):
+            for i in range(counts[n] - 1):
+                dht_src[first[n] + i] = (counts[n] - 2 - i) * nl + l_idx
     return CPPlan(
         enabled=pass1 is not None, piece_chunks=L or 0, chunk_size=C, n_seqs=N, pieces=tuple(pieces),
         pass1=pass1, n_slots=n_slots, long_seqs=long_seqs,
@@ -212,6 +262,7 @@ def build_plan(cu: list[int], piece_chunks: int | None, chunk_size: int, device)
         is_first=up(is_first, torch.bool), is_last=up(is_last, torch.bool), last_piece=up(last, i64),
         pass1_cu=pass1_cu, pass1_chunk_offsets=pass1_off, piece_start=piece_start, piece_end=piece_end,
         slot_src=slot_src, slot_seq=slot_seq, h0_src=up(h0_src, i64),
+        first_piece=up(first, i64), dht_src=up(dht_src, i64), **bwd,
     )
 
 

@@ -91,7 +91,7 @@ def _device_kernels(arch) -> ForwardKernels:
 def chunk_gated_delta_rule_fwd_cp(
     q, k, v, g, beta, scale=None, initial_state=None, cu_seqlens=None, output_final_state=True,
     state_v_first=False, plan: CPPlan | None = None, decay_threshold: float | None = -10.0,
-    *, plan_heads: int | None = None, transition: str = "auto", arch=None,
+    *, plan_heads: int | None = None, transition: str = "auto", arch=None, return_piece_states: bool = False,
 ):
     """`forward.chunk_gated_delta_rule_fwd` with intra-card CP (see the module docstring).
 
@@ -101,10 +101,14 @@ def chunk_gated_delta_rule_fwd_cp(
         decay_threshold: negative float (drop M where a piece decays below e^threshold) or None.
         plan_heads: head count to plan with (the global one under tensor parallelism).
         transition: "auto" or "always" (see the module docstring).
+        return_piece_states: also return the pieces' initial states (what `backward_cp` needs).
 
     Returns:
         (g_cumsum `[B, T, H_v]` fp32, A `[B, T, H_v, C]`, o `[B, T, H_v, V]`, None, final_state
-        `[N, H_v, K, V]` fp32 or None): the same as chunk_gated_delta_rule_fwd without output_h.
+        `[N, H_v, K, V]` fp32 or None): the same as chunk_gated_delta_rule_fwd without output_h;
+        with ``return_piece_states`` a sixth entry, h0_pieces `[P, H_v, K, V]` fp32 (`[P, H_v, V, K]`
+        with ``state_v_first``): the initial state of every piece of ``plan`` (truncated like the
+        output when decay_threshold is set).
     """
     p = validate(q, k, v, g, beta, scale, initial_state, cu_seqlens, state_v_first, for_kernels=True)
     arch = arch or arch_for_device(q.device)
@@ -113,22 +117,28 @@ def chunk_gated_delta_rule_fwd_cp(
         plan = plan_cp(cu_seqlens, heads=plan_heads or p.h_v, sm_count=sms, chunk_size=arch.chunk_size,
                        B=p.B, T=p.T, device=q.device)
     return _fwd_cp(q, k, v, g, beta, p, initial_state, cu_seqlens, output_final_state, state_v_first, plan,
-                   decay_threshold, transition, _device_kernels(arch), arch, sms)
+                   decay_threshold, transition, _device_kernels(arch), arch, sms,
+                   return_piece_states=return_piece_states)
 
 
-def _fwd_cp(q, k, v, g, beta, p, initial_state, cu_seqlens, output_final_state, state_v_first, plan,
-            decay_threshold, transition, kernels: ForwardKernels, arch, sms: int):
-    """The orchestration; ``kernels`` are the device kernels or their float64 twins."""
+def check_cp_arguments(p, plan, decay_threshold, transition, C: int) -> None:
+    """ValueError naming the argument for a bad transition / threshold / plan, or K != V."""
     if transition not in TRANSITIONS:
         raise ValueError(f"transition must be one of {TRANSITIONS}, got {transition!r}")
     if decay_threshold is not None and not decay_threshold < 0:
         raise ValueError(f"decay_threshold must be negative or None, got {decay_threshold}")
     if p.K != p.V:
         raise ValueError(f"the transition pass needs K == V (identity start state), got K={p.K}, V={p.V}")
-    C = arch.chunk_size
     if plan.chunk_size != C or plan.n_seqs != p.N:
         raise ValueError(f"plan is for chunk size {plan.chunk_size} and {plan.n_seqs} sequences; the call "
                          f"has chunk size {C} and {p.N} sequences")
+
+
+def _fwd_cp(q, k, v, g, beta, p, initial_state, cu_seqlens, output_final_state, state_v_first, plan,
+            decay_threshold, transition, kernels: ForwardKernels, arch, sms: int, return_piece_states=False):
+    """The orchestration; ``kernels`` are the device kernels or their float64 twins."""
+    C = arch.chunk_size
+    check_cp_arguments(p, plan, decay_threshold, transition, C)
     dtype = _DTYPE_NAMES[q.dtype]
     dev = q.device
     BT = p.B * p.T
@@ -153,18 +163,72 @@ def _fwd_cp(q, k, v, g, beta, p, initial_state, cu_seqlens, output_final_state, 
     h_dummy = torch.empty((1,) + state, dtype=q.dtype, device=dev)
 
     def recurrence(n_pieces):
-        BV = value_tile(n_pieces * H, sms)
-        factory = kernels.recurrence((V // BV) * n_pieces * H, sms, arch)
-        return factory(p.h_qk, H, K, V, BV, C, dtype, state_v_first, arch.name)
+        return _recurrence(kernels, n_pieces, p, C, dtype, state_v_first, arch, sms)
 
     user_h0 = (initial_state.to(sdt).contiguous() if initial_state is not None
                else torch.zeros((p.N,) + state, dtype=sdt, device=dev))
+
+    def gate_prefix(tok_hi):  # prefix sums of the raw gate: piece decay = prefix[end] - prefix[start]
+        csum = torch.zeros(tok_hi + 1, H, dtype=torch.float64, device=dev)
+        csum[1:] = g2[:tok_hi].to(torch.float64).cumsum(0)
+        return csum
+
+    h0_pieces = piece_initial_states(p, plan, state_v_first, q2, k2, v2, g_cumsum, Ag, Pm, user_h0, gate_prefix,
+                                     decay_threshold, transition, kernels, arch, sms, o)
+
+    # (d) output pass over all pieces.
+    ht_pieces = torch.empty((plan.n_pieces if output_final_state else 1,) + state, dtype=sdt, device=dev)
+    recurrence(plan.n_pieces)(q2, k2, v2, g_cumsum, Ag, Pm, plan.cu_pieces, plan.chunk_offsets, h0_pieces,
+                              o, ht_pieces, h_dummy, p.scale, 1, int(bool(output_final_state)), 0)
+    final = ht_pieces[plan.last_piece] if output_final_state else None
+    out = (
+        g_cumsum.reshape(p.B, p.T, H),
+        A.reshape(p.B, p.T, H, C),
+        o.reshape(p.B, p.T, H, V),
+        None,
+        final,
+    )
+    return out + (h0_pieces,) if return_piece_states else out
+
+
+def _recurrence(kernels: ForwardKernels, n_pieces: int, p, C: int, dtype: str, state_v_first: bool, arch,
+                sms: int):
+    """The chunk-recurrence kernel for a launch over ``n_pieces`` pieces."""
+    BV = value_tile(n_pieces * p.h_v, sms)
+    factory = kernels.recurrence((p.V // BV) * n_pieces * p.h_v, sms, arch)
+    return factory(p.h_qk, p.h_v, p.K, p.V, BV, C, dtype, state_v_first, arch.name)
+
+
+def piece_initial_states(p, plan, state_v_first, q2, k2, v2, g_cumsum, Ag, Pm, user_h0, gate_prefix,
+                         decay_threshold, transition, kernels: ForwardKernels, arch, sms: int, o_scratch):
+    """Launches (b) and (c) of the module docstring: the initial state of every piece of ``plan``.
+
+    Args:
+        q2, k2: `[n_tok, H_qk, K]`; v2, o_scratch: `[n_tok, H_v, V]` (o_scratch's rows are overwritten
+            with garbage); g_cumsum `[n_tok, H_v]`; Ag, Pm: kkt_solve's masks (bwd_prepare's Ag, Pg
+            are the same tensors).
+        user_h0: `[N, *state]` per-sequence initial states in the call's layout (zeros if none),
+            float32 (float64 with the twins); its dtype is the dtype of the result.
+        gate_prefix: tok_hi -> `[tok_hi + 1, H_v]` float64 prefix sums of the raw gate over the
+            token axis (only called with a decay threshold).
+
+    Returns:
+        h0_pieces `[P, *state]` (contiguous).
+    """
+    dev, sdt = q2.device, user_h0.dtype
+    dtype = _DTYPE_NAMES[q2.dtype]
+    C = arch.chunk_size
+    H, K = p.h_v, p.K
+    state = tuple(user_h0.shape[1:])
+    h_dummy = torch.empty((1,) + state, dtype=q2.dtype, device=dev)
+    o = o_scratch
+
     if plan.pass1 is not None:
         lo, hi = plan.pass1
         P1 = hi - lo
         tok_hi = plan.pieces[hi - 1][1]
         views = [x[:tok_hi] for x in (q2, k2, v2, g_cumsum, Ag, Pm)]
-        kernel1 = recurrence(P1)
+        kernel1 = _recurrence(kernels, P1, p, C, dtype, state_v_first, arch, sms)
         # (b) local pass: S_loc of every piece in the range, from zero.
         S_loc = torch.empty((P1 + 1,) + state, dtype=sdt, device=dev)  # + a zero row for the slots
         S_loc[P1].zero_()
@@ -176,8 +240,7 @@ def _fwd_cp(q, k, v, g, beta, p, initial_state, cu_seqlens, output_final_state, 
             fallback = None
             run_m = True
         else:
-            csum = torch.zeros(tok_hi + 1, H, dtype=torch.float64, device=dev)
-            csum[1:] = g2[:tok_hi].to(torch.float64).cumsum(0)
+            csum = gate_prefix(tok_hi)
             decay = csum[plan.piece_end] - csum[plan.piece_start]  # [P1, H]
             fallback = decay > decay_threshold
             capturing = dev.type == "cuda" and torch.cuda.is_current_stream_capturing()
@@ -210,17 +273,4 @@ def _fwd_cp(q, k, v, g, beta, p, initial_state, cu_seqlens, output_final_state, 
         h0_all = torch.cat([slots.reshape((-1,) + state), user_h0], 0)
     else:
         h0_all = user_h0
-    h0_pieces = h0_all[plan.h0_src].contiguous()
-
-    # (d) output pass over all pieces.
-    ht_pieces = torch.empty((plan.n_pieces if output_final_state else 1,) + state, dtype=sdt, device=dev)
-    recurrence(plan.n_pieces)(q2, k2, v2, g_cumsum, Ag, Pm, plan.cu_pieces, plan.chunk_offsets, h0_pieces,
-                              o, ht_pieces, h_dummy, p.scale, 1, int(bool(output_final_state)), 0)
-    final = ht_pieces[plan.last_piece] if output_final_state else None
-    return (
-        g_cumsum.reshape(p.B, p.T, H),
-        A.reshape(p.B, p.T, H, C),
-        o.reshape(p.B, p.T, H, V),
-        None,
-        final,
-    )
+    return h0_all[plan.h0_src].contiguous()

@@ -1,0 +1,306 @@
+"""Backward with intra-card context parallelism (CP), built only from the existing kernels.
+
+NOT YET VERIFIED ON HARDWARE and not used by the public API (`ChunkGatedDeltaRuleFunction`): the
+next GPU session runs tests/kernels/test_backward_cp_gpu.py (device CP backward against the plain
+device backward and the float64 reference), measures it, and only then wires it in. The CPU tests
+(tests/kernels/test_backward_cp.py) run this exact orchestration with the float64 twins of the
+kernels (`emulate_bwd.KERNEL_TWINS`, `emulate_fwd.TWIN_KERNELS`).
+
+Why. The backward's serial parts are the two chunk recurrences: bwd_h (forward over chunks, the
+state at every chunk start) and bwd_dh (reverse over chunks, the state gradient at every chunk end,
+dv, dh0). With one long sequence and few heads their grid is a handful of blocks that walk hundreds
+of chunks while most SMs idle; bwd_prepare, bwd_state and bwd_intra are per chunk and already
+parallel. The plan (`cp.py`, the forward's) cuts long sequences into chunk-aligned pieces; pieces
+share the sequences' chunk grid, so every per-chunk table (bwd_prepare's masks and factors, the
+chunk bounds, the h / dh rows) is the same for pieces as for sequences, and a piece is run by the
+recurrence kernels as a "sequence" of the plan's cu_pieces / chunk_offsets tables.
+
+Algebra (per v-head, states in the kernels' [K, V] layout; flashqla-design.md 1.4, 1.6, 4.5). A
+piece maps its initial state S_in to its final state as S_out = M S_in + S_loc with
+M = prod_c M_c, M_c = exp(gam_C) (I - K^T A_k diag(beta) K) (forward_cp.py). The reverse pass is
+the adjoint of this affine map: with dS_end the gradient of the loss w.r.t. the state at the piece
+end,
+
+    dS_start = M^T dS_end + dS_loc,
+
+dS_loc = the start gradient of the reverse pass from terminal gradient 0 (it collects dO of the
+piece's tokens). For the pieces 0 .. m of one sequence, dS_end(m) = dht (or 0) and
+dS_end(j) = dS_start(j + 1). So
+
+    dS_start(m)  = dS_loc'(m)                            (the local pass runs the last piece from dht)
+    dS_end(j)    = dS_start(j + 1)
+    dS_start(j)  = dS_loc(j) + M(j)^T dS_end(j),         j = m - 1 .. 1,
+
+and dh0 = dS_start(0), which the final reverse pass over piece 0 produces.
+
+Launches:
+  (a) bwd_prepare over the original chunks (as backward.py): Pg, Ag, factors e, r, beta.
+  (b) piece initial states S_in: taken from the CP forward (``h0_pieces``, returned by
+      `forward_cp.chunk_gated_delta_rule_fwd_cp(..., return_piece_states=True)`), or recomputed with
+      forward_cp's own launches (`forward_cp.piece_initial_states`: local pass, transition pass,
+      batched correction; bwd_prepare's Ag / Pg are kkt_solve's Ag / Pm) when not given: 0 or 2-3
+      recurrence launches plus the forward's chain.
+  (c) bwd_h over all pieces from S_in (all pieces in parallel): h at every chunk start.
+  (d) local reverse pass: bwd_dh over the piece range ``plan.bwd_pass`` (every piece that is not
+      first in its sequence; first pieces in between run too, their result unused) from terminal
+      gradient 0, or its sequence's dht for a last piece -> dS_loc (bwd_dh's dh0 output).
+      Transition pass: the same launch with dO = 0 and terminal gradient I (K == V) -> M^T (the
+      identity trick of forward_cp.py, on the adjoint: with dO = 0 the reverse step is linear,
+      dS_prev = M_c^T dS, so from dS = I it ends at M^T).
+      Chain over piece positions counted from the end, all long sequences at once:
+      n_slots - 2 batched matmuls (baddbmm) plus ~6 gathers.
+  (e) final reverse pass: bwd_dh over all pieces from the corrected terminal gradients: dh at every
+      chunk end, dV', dv, and dh0 of each sequence = the start gradient of its first piece.
+  (f) bwd_state, bwd_intra over the original chunks, unchanged; GQA sums and the padding tail as
+      backward.py. The reverse cumsum of dg is chunk-local, so pieces change nothing there.
+  TileLang launches: 6 with S_in given and no transition pass, 7 with it (backward.py: 5), plus
+  2-3 for the S_in recompute.
+
+Error bound of the truncation (``decay_threshold``, default -10, same rule as forward_cp.py). For
+each piece j of the local reverse range and head h, d(j, h) = sum of g over the piece's tokens (here
+the sum of its chunks' final gam, read from g_cumsum). If d < threshold the head's M(j)^T is dropped
+(treated as 0) in the chain; else the exact M(j)^T is used. With ||k_t||_2 = 1 and 0 <= beta_t <= 2,
+||M(j)^T||_2 = ||M(j)||_2 <= exp(d(j, h)) < e^threshold (forward_cp.py's argument; the spectral
+norm is transpose-invariant). The error e(j) of dS_end(j) obeys e(m) = 0 (the last piece is exact)
+and e(j - 1) = M(j)^T dS_end(j) (dropped) or M(j)^T e(j) (kept), so for every piece j
+
+    ||e(j)||_2 <= e^threshold * max_{i > j} ||dS_end(i)||_2     (e^-10 ~ 4.5e-5)
+
+with dS_end(i) the exact piece-end gradients (a subset of the exact chunk-end gradients dh). The
+final reverse pass is linear in its terminal gradient and each of its steps is non-expansive on the
+state-gradient path, so dh inside piece j and dh0 (= through piece 0) are off by at most ||e(j)||_2;
+the other gradients of piece j (dq, dk, dv, dbeta, dg) are off by the exact gradient of the loss
+<e(j), S_end(j)>, i.e. linear in e(j). Last pieces are never truncated (their terminal gradient is
+the user's dht). The piece initial states carry the forward's truncation error (forward_cp.py's
+bound) when they come from a truncated CP forward. ``decay_threshold=None`` keeps every M^T (exact
+up to rounding). ``transition`` as forward_cp.py: "auto" skips the transition pass when no piece
+that enters the chain falls back (one host read of a flag; never during a CUDA-graph capture),
+"always" never syncs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .common.chunks import build_chunk_table, dense_cu_seqlens
+from .cp import CPPlan, plan_cp
+from .forward_cp import ForwardKernels, check_cp_arguments, piece_initial_states
+
+__all__ = ["BackwardCPKernels", "chunk_gated_delta_rule_bwd_cp"]
+
+
+@dataclass(frozen=True)
+class BackwardCPKernels:
+    """The kernels the CP backward launches.
+
+    bwd: {name: kernel} of backward.py's five kernels (or `emulate_bwd.KERNEL_TWINS`);
+    fwd: forward_cp's `ForwardKernels` (only ``recurrence`` is used: the S_in recompute), or None
+    when the piece initial states are always passed in.
+    """
+
+    bwd: dict
+    fwd: ForwardKernels | None = None
+
+
+def _f32(dtype) -> torch.dtype:
+    """Dtype of the kernels' float32 buffers: float32, or float64 with the float64 twins."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def chunk_gated_delta_rule_bwd_cp(
+    q, k, v, g_cumsum, beta, A, do, dht=None, scale=None, initial_state=None, cu_seqlens=None,
+    state_v_first=False, plan: CPPlan | None = None, decay_threshold: float | None = -10.0, *,
+    h0_pieces: torch.Tensor | None = None, plan_heads: int | None = None, transition: str = "auto",
+):
+    """`backward.chunk_gated_delta_rule_bwd` with intra-card CP (see the module docstring).
+
+    Args: as chunk_gated_delta_rule_bwd, plus
+        plan: the CP forward's plan for these cu_seqlens (None: planned here exactly as
+            forward_cp plans, with ``plan_heads`` or H_v).
+        decay_threshold: negative float (drop M^T where a piece decays below e^threshold) or None.
+        h0_pieces: the initial state of every piece of ``plan`` from the CP forward
+            (`[P, H_v, K, V]`, `[P, H_v, V, K]` with ``state_v_first``), or None: recomputed here.
+        plan_heads, transition: as forward_cp.chunk_gated_delta_rule_fwd_cp.
+
+    Returns:
+        (dq, dk, dv, dbeta, dg, dh0) exactly as chunk_gated_delta_rule_bwd.
+    """
+    from . import backward
+    from .dispatch import arch_for_device, require_backward
+    from .forward import _sm_count
+    from .forward_cp import _device_kernels
+
+    arch = arch_for_device(q.device)
+    require_backward(arch)
+    p = backward._check_inputs(q, k, v, g_cumsum, beta, A, do, dht, scale, initial_state, cu_seqlens,
+                               state_v_first, arch.chunk_size)
+    sms = _sm_count(q.device)
+    if plan is None:
+        plan = plan_cp(cu_seqlens, heads=plan_heads or p.h_v, sm_count=sms, chunk_size=arch.chunk_size,
+                       B=p.B, T=p.T, device=q.device)
+    kernels = BackwardCPKernels(backward._kernels(p.h_qk, p.h_v, backward._DTYPE_NAMES[q.dtype], arch.name),
+                                _device_kernels(arch) if h0_pieces is None else None)
+    return _bwd_cp(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, state_v_first, plan,
+                   decay_threshold, transition, h0_pieces, kernels, arch, sms)
+
+
+def _chunk_gate_prefix(g2: torch.Tensor, bounds: torch.Tensor):
+    """tok_hi -> `[tok_hi + 1, H]` float64 prefix sums over tokens of each chunk's final gam (placed on
+    the chunk's last token): for chunk-aligned pieces prefix[end] - prefix[start] = the sum of g
+    over the piece. No host sync."""
+    n_tok, H = g2.shape
+    ends = (bounds[:, 1].long() - 1).clamp(min=0)
+    valid = (bounds[:, 1] > bounds[:, 0])[:, None]
+    last = torch.where(valid, g2[ends].to(torch.float64), torch.zeros((), dtype=torch.float64, device=g2.device))
+    x = torch.zeros(n_tok, H, dtype=torch.float64, device=g2.device)
+    x.index_add_(0, ends, last)
+    prefix = torch.zeros(n_tok + 1, H, dtype=torch.float64, device=g2.device)
+    prefix[1:] = x.cumsum(0)
+    return lambda tok_hi: prefix[: tok_hi + 1]
+
+
+def _bwd_cp(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, state_v_first, plan,
+            decay_threshold, transition, h0_pieces, kernels: BackwardCPKernels, arch, sms: int):
+    """The orchestration; ``kernels`` are the device kernels or their float64 twins."""
+    C = arch.chunk_size
+    check_cp_arguments(p, plan, decay_threshold, transition, C)
+    dev, dtype = q.device, q.dtype
+    BT, H, G, K, V = p.B * p.T, p.h_v, p.group, p.K, p.V
+    f32 = _f32(dtype)
+    P = plan.n_pieces
+    state_shape = (H, V, K) if state_v_first else (H, K, V)
+    if h0_pieces is not None:
+        if tuple(h0_pieces.shape) != (P,) + state_shape:
+            raise ValueError(f"h0_pieces must have shape {(P,) + state_shape} (one state per piece of the "
+                             f"plan), got {tuple(h0_pieces.shape)}")
+    elif plan.pass1 is not None and kernels.fwd is None:
+        raise ValueError("h0_pieces is None and no forward kernels were given to recompute them")
+    bwd = kernels.bwd
+    q2 = q.reshape(BT, p.h_qk, K).contiguous()
+    k2 = k.reshape(BT, p.h_qk, K).contiguous()
+    v2 = v.reshape(BT, H, V).contiguous()
+    do2 = do.reshape(BT, H, V).contiguous()
+    g2 = g_cumsum.reshape(BT, H).contiguous()
+    b2 = beta.reshape(BT, H).to(f32).contiguous()
+    A2 = A.reshape(BT, H, C).contiguous()
+    cu = dense_cu_seqlens(p.B, p.T, dev) if cu_seqlens is None else cu_seqlens.to(dev, torch.int32)
+    table = build_chunk_table(cu, BT, C)
+    cu, bounds, ncmax = table.cu_seqlens, table.chunk_bounds, table.n_chunks_max
+
+    def kv(x, n):  # per-sequence (or per-piece) states in the kernels' [K, V] layout
+        if x is None:
+            return torch.zeros(n, H, K, V, dtype=f32, device=dev)
+        return (x.transpose(-1, -2) if state_v_first else x).to(f32).contiguous()
+
+    user_h0, user_dht = kv(initial_state, p.N), kv(dht, p.N)
+
+    h = torch.empty(ncmax, H, K, V, dtype=dtype, device=dev)
+    dh = torch.empty(ncmax, H, K, V, dtype=dtype, device=dev)
+    dvp = torch.empty(BT, H, V, dtype=dtype, device=dev)
+    dv = torch.empty(BT, H, V, dtype=dtype, device=dev)
+    Pg = torch.empty(BT, H, C, dtype=dtype, device=dev)
+    Ag = torch.empty(BT, H, C, dtype=dtype, device=dev)
+    fac = torch.empty(ncmax, H, 3, C, dtype=f32, device=dev)
+    # (a) masks and factors of every chunk.
+    bwd["bwd_prepare"](q2, k2, g2, b2, A2, bounds, Pg, Ag, fac, p.scale)
+    gate_prefix = _chunk_gate_prefix(g2, bounds)
+
+    # (b) the initial state of every piece.
+    if h0_pieces is not None:
+        S_in = kv(h0_pieces, P)
+    else:
+        # forward_cp's launches in the [K, V] layout (state_v_first=False kernels); dvp is scratch
+        # for the discarded outputs (the final reverse pass overwrites it).
+        S_in = piece_initial_states(p, plan, False, q2, k2, v2, g2, Ag, Pg, user_h0, gate_prefix,
+                                    decay_threshold, transition, kernels.fwd, arch, sms, dvp)
+    # (c) states at every chunk start, all pieces in parallel.
+    bwd["bwd_h"](k2, v2, A2, fac, plan.cu_pieces, plan.chunk_offsets, S_in, h)
+
+    # (d) local reverse pass, transition pass and chain -> the terminal gradient of every piece.
+    if plan.bwd_pass is not None:
+        lo, hi = plan.bwd_pass
+        P2 = hi - lo
+        tok_lo, tok_hi = plan.pieces[lo][0], plan.pieces[hi - 1][1]
+        views = [x[:tok_hi] for x in (q2, k2, do2, Pg, Ag)]
+        scratch = (dh, dvp[:tok_hi], dv[:tok_hi])  # overwritten by the final pass (e)
+        rng = (plan.bwd_pass_cu, plan.bwd_pass_chunk_offsets)
+        zero = torch.zeros(1, H, K, V, dtype=f32, device=dev)
+        dht_loc = torch.cat([user_dht, zero], 0)[plan.bwd_dht_src].contiguous()
+        dS_loc = torch.empty(P2 + 1, H, K, V, dtype=f32, device=dev)  # + a zero row for the slots
+        dS_loc[P2].zero_()
+        bwd["bwd_dh"](*views, fac, *rng, dht_loc, *scratch, dS_loc[:P2], p.scale)
+        # Truncation: fallback[j, h] = the piece enters the chain and does not decay below e^threshold.
+        needs = plan.bwd_needs_m[:, None]
+        if decay_threshold is None:
+            fallback = None
+            run_m = True
+        else:
+            csum = gate_prefix(tok_hi)
+            decay = csum[plan.bwd_piece_end] - csum[plan.bwd_piece_start]  # [P2, H]
+            fallback = (decay > decay_threshold) & needs
+            capturing = dev.type == "cuda" and torch.cuda.is_current_stream_capturing()
+            run_m = transition == "always" or capturing or bool(fallback.any())
+        Mt = torch.zeros(P2 + 1, H, K, K, dtype=f32, device=dev)
+        if run_m:
+            do_zero = torch.empty_like(do2[:tok_hi])
+            do_zero[tok_lo:].zero_()
+            eye = torch.eye(K, dtype=f32, device=dev).expand(P2, H, K, K).contiguous()
+            views[2] = do_zero
+            bwd["bwd_dh"](*views, fac, *rng, eye, *scratch, Mt[:P2], p.scale)
+            Mt[:P2] *= (needs if fallback is None else fallback)[:, :, None, None].to(f32)
+        # Chain from the last piece backwards: slot s of long sequence l = dS_start(last_l - s).
+        nl = len(plan.long_seqs)
+        slots = torch.empty(plan.n_slots - 1, nl, H, K, V, dtype=f32, device=dev)
+        slots[0] = dS_loc[plan.bwd_slot_first]
+        if plan.n_slots > 2:
+            src = plan.bwd_slot_src.reshape(-1)
+            Ls = dS_loc[src].reshape(plan.n_slots - 2, nl * H, K, V)
+            Ms = Mt[src].reshape(plan.n_slots - 2, nl * H, K, K)
+            for s in range(plan.n_slots - 2):
+                torch.baddbmm(Ls[s], Ms[s], slots[s].view(nl * H, K, V), out=slots[s + 1].view(nl * H, K, V))
+        dht_all = torch.cat([slots.reshape(-1, H, K, V), user_dht], 0)
+    else:
+        dht_all = user_dht
+    dht_pieces = dht_all[plan.dht_src].contiguous()
+
+    # (e) final reverse pass over all pieces.
+    dh0_pieces = torch.empty(P, H, K, V, dtype=f32, device=dev)
+    bwd["bwd_dh"](q2, k2, do2, Pg, Ag, fac, plan.cu_pieces, plan.chunk_offsets, dht_pieces, dh, dvp, dv,
+                  dh0_pieces, p.scale)
+    del Pg, Ag, fac
+
+    # (f) per-chunk gradients over the original chunks (as backward.py).
+    dAg = torch.empty(BT, H, C, dtype=f32, device=dev)
+    dPg = torch.empty(BT, H, C, dtype=f32, device=dev)
+    dq0 = torch.empty(BT, H, K, dtype=f32, device=dev)
+    dk0 = torch.empty(BT, H, K, dtype=f32, device=dev)
+    dgam0 = torch.empty(BT, H, dtype=f32, device=dev)
+    bwd["bwd_state"](k2, v2, do2, dvp, dv, g2, b2, A2, h, dh, bounds, dAg, dPg, dq0, dk0, dgam0, p.scale)
+    del h, dh, dvp
+    dq_v = torch.empty(BT, H, K, dtype=f32, device=dev)
+    dk_v = torch.empty(BT, H, K, dtype=f32, device=dev)
+    dbeta = torch.empty(BT, H, dtype=f32, device=dev)
+    dg = torch.empty(BT, H, dtype=f32, device=dev)
+    bwd["bwd_intra"](q2, k2, g2, b2, A2, dAg, dPg, dq0, dk0, dgam0, bounds, dq_v, dk_v, dbeta, dg, p.scale)
+
+    if G > 1:
+        dq_v = dq_v.view(BT, p.h_qk, G, K).sum(2)
+        dk_v = dk_v.view(BT, p.h_qk, G, K).sum(2)
+    if cu_seqlens is not None:
+        tail = torch.arange(BT, device=dev) >= cu[-1]
+        for x in (dq_v, dk_v, dv):
+            x.masked_fill_(tail[:, None, None], 0)
+        for x in (dbeta, dg):
+            x.masked_fill_(tail[:, None], 0)
+    dq = dq_v.to(dtype).reshape(p.B, p.T, p.h_qk, K)
+    dk = dk_v.to(dtype).reshape(p.B, p.T, p.h_qk, K)
+    dv = dv.reshape(p.B, p.T, H, V)
+    dbeta = dbeta.to(beta.dtype).reshape(p.B, p.T, H)
+    dg = dg.reshape(p.B, p.T, H)
+    if initial_state is None:
+        return dq, dk, dv, dbeta, dg, None
+    dh0 = dh0_pieces[plan.first_piece]
+    dh0 = (dh0.transpose(-1, -2) if state_v_first else dh0).to(initial_state.dtype).contiguous()
+    return dq, dk, dv, dbeta, dg, dh0
