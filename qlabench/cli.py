@@ -1,4 +1,4 @@
-"""The `qlabench` command line: run, report, compare, gate, history, list, env, aot."""
+"""The `qlabench` command line: run, warm, report, compare, gate, history, list, env, aot."""
 
 from __future__ import annotations
 
@@ -20,10 +20,6 @@ def _setup_error(msg: str) -> None:
     """Bad options or a machine that cannot run them: one clear line, exit code 2, no traceback."""
     click.echo(f"qlabench: error: {msg}", err=True)
     raise SystemExit(2)
-
-
-def _split_opts(values) -> list[str]:
-    return [s.strip() for v in values for s in str(v).split(",") if s.strip()]
 
 
 @main.command("run")
@@ -85,7 +81,6 @@ def run_cmd(arch, cfgs, sweep, seqlens, phase, backends, gate_profile, device, q
     import sys
     from pathlib import Path
 
-    from qlabench import config as C
     from qlabench import envinfo
     from qlabench import runner as RN
     from qlabench import shard as SH
@@ -96,23 +91,8 @@ def run_cmd(arch, cfgs, sweep, seqlens, phase, backends, gate_profile, device, q
             RN.check_arch(arch, device or "cuda")
         device, note = RN.resolve_device(device, quick)
         slots = SH.resolve_slots(gpus, workers, device)  # None: one device, in this process
-        presets = C.load_presets()
-        sets = C.load_seqlens()
-        sw = C.load_sweep(sweep, presets=presets, seqlens=sets) if sweep else None
-        if not sw and not cfgs:
-            raise RN.RunSetupError("give --cfg (e.g. --cfg hk16_hv32) or --sweep (see `qlabench list sweeps`)")
-        chosen = ([C.resolve_preset(n, presets) for n in _split_opts(cfgs)] if cfgs
-                  else list(dict.fromkeys(c.preset for c in sw.cases)))
-        phases = C.parse_phases(phase) if phase else (sw.phases if sw else ["fwd"])
-        gate = gate_profile or (sw.cases[0].gate_profile if sw and sw.cases else "bench")
-        if seqlens:
-            spec = _split_opts(seqlens)
-        elif sw:  # the sweep's patterns, per phase
-            spec = {p: [c.pattern.name for c in sw.cases if c.phase == p] or None for p in phases}
-            spec = {p: v for p, v in spec.items() if v}
-        else:
-            spec = None
-        cases = C.build_cases(chosen, phases, sets, spec or None, gate)
+        sel = RN.select_cases(sweep, cfgs, seqlens, phase, gate_profile)  # shared with `qlabench warm`
+        sw, chosen, phases, gate, cases = sel.sweep, sel.presets, sel.phases, sel.gate_profile, sel.cases
         names = parse_backends(backends or (sw.backends if sw and sw.backends else RN.DEFAULT_BACKENDS[device]))
         bes = [get_backend(n) for n in names]
         settings = sw.settings if sw else {}
@@ -242,6 +222,106 @@ def env_cmd(as_json) -> None:
         if isinstance(v, dict):
             v = "  ".join(f"{a}={b}" for a, b in v.items())
         click.echo(f"{k:20} {v}")
+
+
+# --- compile caches: warm (qlabench/warm.py) ---
+
+
+@main.command("warm")
+@click.option("--cfg", "cfgs", multiple=True,
+              help="Head preset(s) hk<h_qk>_hv<h_v>, repeatable or comma list [default: the sweep's presets].")
+@click.option("--sweep", default=None,
+              help="Sweep name in configs/sweeps/ (h200-fwd, h200-bwd, ci-smoke) or a .toml path.")
+@click.option("--seqlens", "seqlens", multiple=True,
+              help="Pattern sets and/or patterns, as for `qlabench run` [default: the sweep's, else the phase's set].")
+@click.option("--phase", default=None,
+              help="fwd, bwd, fwdbwd or all (comma list allowed) [default: the sweep's phases, else fwd].")
+@click.option("--gate-profile", type=click.Choice(["bench", "qwen", "logsigmoid"]), default=None,
+              help="Gate distribution of the inputs [default: the sweep's, else bench].")
+@click.option("--backends", default=None,
+              help="Comma list from `qlabench list backends` [default: fla,flash_qla on CUDA, torch on the CPU; "
+              "qla warms our TileLang kernels].")
+@click.option("--pattern", default=None,
+              help="Inputs of each first call: first (the selection's first pattern of that preset and phase), "
+              "smallest (its fewest tokens) or one pattern for all, e.g. 2048+2048 [default: first].")
+@click.option("--jobs", type=click.IntRange(min=1), default=None,
+              help="Task processes at once [default: min(tasks, CPU cores // 2)].")
+@click.option("--device", type=click.Choice(["cuda", "cpu"]), default=None,
+              help="Where the first calls run [default: cuda when a GPU is visible].")
+@click.option("--timeout-s", type=click.FloatRange(min=0, min_open=True), default=600.0, show_default=True,
+              help="Wall seconds a task may take (process start included); past it the task is killed and "
+              "becomes an error row.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Base seed of the inputs (as `qlabench run`).")
+@click.option("--no-h0", is_flag=True, help="Inputs without an initial state (match the run's --no-h0).")
+@click.option("--out", type=click.Path(dir_okay=False), default=None, help="Also write the table as JSON here.")
+@click.option("--dry-run", is_flag=True, help="Print the tasks and exit without running them.")
+def warm_cmd(cfgs, sweep, seqlens, phase, gate_profile, backends, pattern, jobs, device, timeout_s, seed, no_h0,
+             out, dry_run) -> None:
+    """One first call per (head preset, phase, backend), in parallel processes, to fill compile caches.
+
+    Run it on a fresh GPU host before `qlabench run` with the same selection: FLA's Triton binaries and
+    flash-qla's TileLang kernels land in their on-disk caches, so the timed sweep compiles little.
+    Triton autotune choices are not saved (TRITON_CACHE_AUTOTUNING is unset in the tasks): the run
+    still autotunes alone on the GPU. Exit 0 when no task failed, 1 when one did.
+    """
+    import os
+    import time
+
+    import torch
+
+    from qlabench import runner as RN
+    from qlabench import warm as W
+    from qlabench.backends import get_backend, parse_backends
+
+    try:
+        if device is None and not torch.cuda.is_available():
+            raise RN.RunSetupError("no CUDA GPU is visible: warm fills GPU compile caches; pass --device cpu "
+                                   "(with --backends torch) to run the pool on the CPU")
+        device, _ = RN.resolve_device(device or "cuda", quick=False)
+        sel = RN.select_cases(sweep, cfgs, seqlens, phase, gate_profile)  # the same selection as `run`
+        names = parse_backends(backends or W.DEFAULT_BACKENDS[device])
+        tasks = W.plan_tasks(sel.cases, [get_backend(n) for n in names], W.resolve_pattern(pattern))
+        jobs = jobs or W.default_jobs(len(tasks))
+        threads = max(1, torch.get_num_threads() // jobs) if device == "cpu" else None
+        opts = W.WarmOptions(device=device, seed=seed, with_h0=not no_h0, threads=threads)
+    except (ValueError, TypeError) as exc:  # ConfigError, RunSetupError, bad backend or pattern
+        _setup_error(str(exc))
+    label = sel.sweep.name if sel.sweep else "+".join(p.name for p in sel.presets)
+    click.echo(f"warm {label}: {len(tasks)} tasks ({len(sel.presets)} presets x {len(sel.phases)} phases x "
+               f"{len(names)} backends: {', '.join(names)}) on {device}, {jobs} at once, timeout {timeout_s:g} s",
+               err=True)
+    if dry_run:
+        for t in tasks:
+            click.echo(f"{t.preset.name:12} {t.phase:6} {t.backend.name:10} {t.pattern.name:14} "
+                       f"{t.pattern.total_tokens:6d} tokens  {t.pattern.n_seqs} seq")
+        return
+    if os.environ.get(W.AUTOTUNE_CACHE_VAR):
+        click.echo(f"note: {W.AUTOTUNE_CACHE_VAR} is set here; the warm tasks run without it (contended "
+                   "autotune choices are not saved)", err=True)
+    caches = W.cache_dirs()
+    click.echo(f"caches: triton {caches['triton']}, tilelang {caches['tilelang']}", err=True)
+
+    def done(row, n, total):
+        click.echo(f"[{n}/{total}] " + W.format_row(row), err=True)
+
+    pool = W.WarmPool(tasks, opts, jobs, timeout_s, on_done=done)
+    t0 = time.monotonic()
+    interrupted = False
+    try:
+        pool.run()
+    except KeyboardInterrupt:
+        interrupted = True
+    rows, wall = pool.rows, time.monotonic() - t0
+    click.echo(W.format_table(rows))
+    click.echo(W.summary(rows, len(tasks), wall))
+    if out:
+        W.save(out, rows, W.meta_block(opts, jobs, timeout_s, len(tasks), wall))
+        click.echo(f"wrote {out}", err=True)
+    if interrupted:
+        click.echo(f"interrupted: {len(rows)} of {len(tasks)} tasks finished", err=True)
+        raise SystemExit(130)
+    if any(r["status"] == "error" for r in rows):
+        raise SystemExit(1)
 
 
 # --- reports: report (qlabench/report/) ---

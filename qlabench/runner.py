@@ -26,7 +26,7 @@ import torch
 from . import results as R
 from .backends import GRAD_NAMES, Backend
 from .check import DEFAULT_TOLERANCE, compare
-from .config import Case
+from .config import Case, Preset, Sweep
 from .envinfo import clocks, utc_now
 from .kernels.reference import chunk_gated_delta_rule_ref
 from .timing import (
@@ -380,6 +380,53 @@ class RunSetupError(ValueError):
 
 
 DEFAULT_BACKENDS = {"cuda": ["qla", "fla", "flash_qla"], "cpu": ["torch"]}
+
+
+@dataclass
+class Selection:
+    """What the options of ``qlabench run`` / ``qlabench warm`` pick: the sweep (or None), the head
+    presets, phases and gate profile, and the cases (grouped per preset, as config.build_cases)."""
+
+    sweep: Sweep | None
+    presets: list[Preset]
+    phases: list[str]
+    gate_profile: str
+    cases: list[Case]
+
+
+def split_opts(values) -> list[str]:
+    """Repeatable and/or comma-list option values -> names, blanks dropped."""
+    if isinstance(values, str):
+        values = [values]
+    return [s.strip() for v in values or () for s in str(v).split(",") if s.strip()]
+
+
+def select_cases(sweep: str | None = None, cfgs=(), seqlens=(), phase: str | None = None,
+                 gate_profile: str | None = None) -> Selection:
+    """The cases of ``--sweep`` / ``--cfg`` / ``--seqlens`` / ``--phase`` / ``--gate-profile``.
+
+    ``--cfg`` replaces the sweep's presets; ``--seqlens`` its patterns (else the sweep's patterns per
+    phase, else each phase's default set); ``--phase`` its phases (else the sweep's, else fwd).
+    ConfigError / RunSetupError (ValueErrors naming the value) for anything malformed.
+    """
+    from . import config as C
+
+    presets = C.load_presets()
+    sets = C.load_seqlens()
+    sw = C.load_sweep(sweep, presets=presets, seqlens=sets) if sweep else None
+    names = split_opts(cfgs)
+    if not sw and not names:
+        raise RunSetupError("give --cfg (e.g. --cfg hk16_hv32) or --sweep (see `qlabench list sweeps`)")
+    chosen = ([C.resolve_preset(n, presets) for n in names] if names
+              else list(dict.fromkeys(c.preset for c in sw.cases)))
+    phases = C.parse_phases(phase) if phase else (sw.phases if sw else ["fwd"])
+    gate = gate_profile or (sw.cases[0].gate_profile if sw and sw.cases else "bench")
+    spec = split_opts(seqlens)
+    if not spec and sw:  # the sweep's patterns, per phase
+        spec = {p: [c.pattern.name for c in sw.cases if c.phase == p] or None for p in phases}
+        spec = {p: v for p, v in spec.items() if v}
+    cases = C.build_cases(chosen, phases, sets, spec or None, gate)
+    return Selection(sweep=sw, presets=chosen, phases=phases, gate_profile=gate, cases=cases)
 
 
 def check_arch(arch: str, device: str) -> str:
