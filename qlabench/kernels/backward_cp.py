@@ -157,7 +157,7 @@ def _chunk_gate_prefix(g2: torch.Tensor, bounds: torch.Tensor):
     x = torch.zeros(n_tok, H, dtype=torch.float64, device=g2.device)
     x.index_add_(0, ends, last)
     prefix = torch.zeros(n_tok + 1, H, dtype=torch.float64, device=g2.device)
-    prefix[1:] = x.cumsum(0)
+    prefix[1:] = x.t().contiguous().cumsum(1).t()  # scan along the contiguous dim (dim-0 scans are slow)
     return lambda tok_hi: prefix[: tok_hi + 1]
 
 

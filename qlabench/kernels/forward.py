@@ -82,20 +82,21 @@ def chunk_gated_delta_rule_fwd(
 
 
 def use_pipelined(n_blocks: int, sm_count: int) -> bool:
-    """Which chunk-recurrence variant serves a grid of ``n_blocks`` blocks.
+    """Which chunk-recurrence variant serves a grid of ``n_blocks`` blocks: the TMA-pipelined one.
 
-    With at most one block per SM each block's serial chain is the whole story, so the TMA-pipelined
-    variant (loads of chunk c + 1 overlap chunk c; one block per SM by its shared memory) wins; with
-    more blocks than SMs the plain variant (no producer warpgroup, half the shared memory, two
-    blocks per SM) wins (measured on the H200, see hopper/chunk_fwd.py). QLABENCH_FWD_KERNEL=
-    simple|pipelined overrides the choice (A/B runs).
+    Measured on the H200 (tools/fwd_variants.py, results/h200/NOTES.md) the pipelined variant (one
+    block per SM by its shared memory, loads of chunk c + 1 overlapping chunk c) beats the plain one
+    (two blocks per SM, loads exposed every chunk) on every grid tried, from 64 blocks (1x32768
+    hk16_hv16: 1.45 vs 2.10 ms for the whole forward) to 512 (1x32768 hk16_hv64: 3.60 vs 5.09 ms).
+    The plain variant stays as the A/B baseline: QLABENCH_FWD_KERNEL=simple|pipelined forces one.
     """
     import os
 
+    del n_blocks, sm_count  # the choice no longer depends on the grid (kept for the A/B switch)
     choice = os.environ.get("QLABENCH_FWD_KERNEL", "auto")
     if choice not in ("auto", "simple", "pipelined"):
         raise ValueError(f"QLABENCH_FWD_KERNEL must be auto, simple or pipelined, got {choice!r}")
-    return choice == "pipelined" or (choice == "auto" and n_blocks <= sm_count)
+    return choice != "simple"
 
 
 def recurrence_kernel(n_blocks: int, sm_count: int, arch: Arch | str):

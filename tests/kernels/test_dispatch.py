@@ -101,10 +101,15 @@ def test_mocked_device_gets_its_kernels(monkeypatch, cc, name, chunk, target):
         factory = kernel_factory(arch, role)
         assert factory.__module__ == f"qlabench.kernels.{module}", role
         assert factory.__wrapped__.__name__ == f"{role}_kernel"
-    # forward.py asks the same table for the recurrence, per grid size
+    # forward.py asks the same table for the recurrence: the pipelined variant for every grid, the
+    # plain one only when forced (QLABENCH_FWD_KERNEL=simple, the A/B switch)
     assert recurrence_kernel(10, 132, arch) is kernel_factory(arch, "chunk_fwd_pipelined")
-    assert recurrence_kernel(1000, 132, arch) is kernel_factory(arch, "chunk_fwd")
-    assert recurrence_kernel(1000, 132, name) is kernel_factory(name, "chunk_fwd")
+    assert recurrence_kernel(1000, 132, name) is kernel_factory(name, "chunk_fwd_pipelined")
+    monkeypatch.setenv("QLABENCH_FWD_KERNEL", "simple")
+    assert recurrence_kernel(10, 132, arch) is kernel_factory(arch, "chunk_fwd")
+    monkeypatch.setenv("QLABENCH_FWD_KERNEL", "fast")
+    with pytest.raises(ValueError, match="'fast'"):
+        recurrence_kernel(10, 132, arch)
 
 
 @pytest.mark.parametrize("name,has_bwd", [("sm90", True), ("sm100", True), ("sm120", False)])

@@ -13,17 +13,16 @@ the serial loop holds only the four GEMMs that touch the state and the output. V
 every V column has its own recurrence. gam is clamped to the sequence's last real token, so a
 partial chunk leaves the state as the reference does.
 
-Two variants of one loop (``pipelined``):
-  * plain: every input tile is loaded with a row mask (rows past the sequence end read as zero);
-    no producer warpgroup, ~70 KB of shared memory, two blocks per SM. Best when the grid has more
-    blocks than SMs.
-  * pipelined (``chunk_fwd_pipelined``): Q, K, V, Ag, Pm of chunk c + 1 are loaded by TileLang's
-    automatic producer warpgroup (TMA, 2-stage ring) while chunk c computes. The loads are unmasked
-    tiles [t0, t0 + C); rows past the sequence end (the next sequence, or the padding tail) are kept
-    out of the result by selects, never by multiplying with zero (so non-finite data there cannot
-    leak in), and by zeroing K's padded rows before the state update. Best when every block has an
-    SM to itself (few heads, long sequences): on the H200 it took the 1x32768 hk16_hv16 recurrence
-    from 2.48 ms to 0.97 ms with the masks precomputed (results/h200/NOTES.md).
+Two variants of one loop (``pipelined``). Both load whole tiles [t0, t0 + C) without row masks (TMA
+or 16-byte vector loads; rows past n_tok read as zero); rows past the sequence end (the next
+sequence, or the padding tail) are kept out of the result by selects, never by multiplying with zero
+(so non-finite data there cannot leak in), and by zeroing K's padded rows before the state update.
+  * pipelined (``chunk_fwd_pipelined``, the default for every grid): Q, K, V, Ag, Pm of chunk c + 1
+    are loaded by TileLang's automatic producer warpgroup (TMA, 2-stage ring) while chunk c computes;
+    one block per SM by its shared memory. ~1.9 us per chunk at BV = 32 on the H200.
+  * plain: no producer warpgroup, loads exposed every chunk, ~70 KB of shared memory, two blocks per
+    SM. Slower on every grid measured (results/h200/NOTES.md: 1x32768 hk16_hv64, 512 blocks: whole
+    forward 5.09 ms vs 3.60 ms pipelined); kept as the A/B baseline (QLABENCH_FWD_KERNEL=simple).
 Grid: (V / BV, N * H_v). Threads: 256 (two warpgroups doing every step in order, splitting each GEMM
 along N and the elementwise work) + 128 producer threads in the pipelined variant.
 GEMMs per chunk (wgmma, smem operands, fp32 accumulate): K S 64xBVx128, Ag W 64xBVx64,
@@ -51,7 +50,7 @@ def chunk_fwd_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype
 
     def rows(t0, eos, i, value):
         """value on rows of the sequence; zero past its end, where pipelined tiles hold other data."""
-        return T.if_then_else(t0 + i < eos, value, T.cast(0, dtype)) if pipelined else value
+        return T.if_then_else(t0 + i < eos, value, T.cast(0, dtype))
     group = h_v // h_qk
     THREADS = 256  # two warpgroups share every GEMM (N split) and the elementwise work
     NV = V // BV
@@ -112,21 +111,11 @@ def chunk_fwd_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype
             for c in (T.Pipelined(T.ceildiv(eos - bos, C), num_stages=2) if pipelined
                       else T.serial(T.ceildiv(eos - bos, C))):
                 t0 = bos + c * C
-                if pipelined:
-                    T.copy(q[t0:t0 + C, hk, :], Q_s)
-                    T.copy(k[t0:t0 + C, hk, :], K_s)
-                    T.copy(v[t0:t0 + C, h, v0:v0 + BV], V_s)
-                    T.copy(Ag[t0:t0 + C, h, :], Ag_s)
-                    T.copy(Pm[t0:t0 + C, h, :], P_s)
-                else:
-                    for i, d in T.Parallel(C, K):
-                        Q_s[i, d] = T.if_then_else(t0 + i < eos, q[t0 + i, hk, d], T.cast(0, dtype))
-                        K_s[i, d] = T.if_then_else(t0 + i < eos, k[t0 + i, hk, d], T.cast(0, dtype))
-                    for i, j in T.Parallel(C, BV):
-                        V_s[i, j] = T.if_then_else(t0 + i < eos, v[t0 + i, h, v0 + j], T.cast(0, dtype))
-                    for i, j in T.Parallel(C, C):
-                        Ag_s[i, j] = T.if_then_else(t0 + i < eos, Ag[t0 + i, h, j], T.cast(0, dtype))
-                        P_s[i, j] = T.if_then_else(t0 + i < eos, Pm[t0 + i, h, j], T.cast(0, dtype))
+                T.copy(q[t0:t0 + C, hk, :], Q_s)
+                T.copy(k[t0:t0 + C, hk, :], K_s)
+                T.copy(v[t0:t0 + C, h, v0:v0 + BV], V_s)
+                T.copy(Ag[t0:t0 + C, h, :], Ag_s)
+                T.copy(Pm[t0:t0 + C, h, :], P_s)
                 for i in T.Parallel(C):
                     gam_s[i] = g_cumsum[T.min(t0 + i, eos - 1), h]
                 T.copy(S_f, S_s)
@@ -146,11 +135,10 @@ def chunk_fwd_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype
                 for i, j in T.Parallel(C, BV):
                     Vd_s[i, j] = rows(t0, eos, i, T.cast(U_f[i, j], dtype))
                     Vr_s[i, j] = rows(t0, eos, i, T.cast(T.exp(gam_last - gam_s[i]) * U_f[i, j], dtype))
-                if pipelined:  # noqa: SIM102 - a trace-time switch around a device-side condition
-                    if t0 + C > eos:
-                        for i, d in T.Parallel(C, K):
-                            if t0 + i >= eos:
-                                K_s[i, d] = T.cast(0, dtype)
+                if t0 + C > eos:
+                    for i, d in T.Parallel(C, K):
+                        if t0 + i >= eos:
+                            K_s[i, d] = T.cast(0, dtype)
 
                 T.gemm(Q_s, S_s, O_f, clear_accum=True)
                 for i, j in T.Parallel(C, BV):
