@@ -7,7 +7,9 @@ Variants (environment switches of qlabench/kernels/forward.py, read at call time
     simple      QLABENCH_FWD_KERNEL=simple (plain recurrence for every grid)
     pipelined   QLABENCH_FWD_KERNEL=pipelined
     kkt_vector  kkt_solve with whole-tile vector loads (QLABENCH_KKT_VECTOR=1)
-    cp          forward_cp.chunk_gated_delta_rule_fwd_cp with the model's plan
+    cp          forward_cp.chunk_gated_delta_rule_fwd_cp with the model's plan (warm-up truncation at -10)
+    cp_exact    cp with decay_threshold=None (every head runs whole pieces and the transition: the A/B
+                baseline of the warm-up truncation)
     cp_pipelined  cp with QLABENCH_FWD_KERNEL=pipelined
 Times are CUDA-graph replay medians (triton.testing.do_bench_cudagraph), inputs as the suite's
 `bench` gates, h0 on. A developer tool: the suite's numbers come from `qlabench run`.
@@ -29,6 +31,7 @@ ENV = {
     "pipelined": {"QLABENCH_FWD_KERNEL": "pipelined"},
     "kkt_vector": {"QLABENCH_KKT_VECTOR": "1"},
     "cp": {},
+    "cp_exact": {},
     "cp_pipelined": {"QLABENCH_FWD_KERNEL": "pipelined"},
 }
 DEFAULT_CASES = ("hk16_hv16:1x32768,hk16_hv16:8192x4,hk16_hv16:1024x8,hk16_hv16:1x8192,hk2_hv8:1x32768,"
@@ -45,6 +48,9 @@ def _fn(name, w):
     from qlabench.kernels.forward import chunk_gated_delta_rule_fwd
     from qlabench.kernels.forward_cp import chunk_gated_delta_rule_fwd_cp
 
+    if name == "cp_exact":
+        return lambda: chunk_gated_delta_rule_fwd_cp(w.q, w.k, w.v, w.g, w.beta, initial_state=w.h0,
+                                                     cu_seqlens=w.cu_seqlens, decay_threshold=None)
     f = chunk_gated_delta_rule_fwd_cp if name.startswith("cp") else chunk_gated_delta_rule_fwd
     return lambda: f(w.q, w.k, w.v, w.g, w.beta, initial_state=w.h0, cu_seqlens=w.cu_seqlens)
 

@@ -37,9 +37,10 @@ Launches:
   (a) bwd_prepare over the original chunks (as backward.py): Pg, Ag, factors e, r, beta.
   (b) piece initial states S_in: taken from the CP forward (``h0_pieces``, returned by
       `forward_cp.chunk_gated_delta_rule_fwd_cp(..., return_piece_states=True)`), or recomputed with
-      forward_cp's own launches (`forward_cp.piece_initial_states`: local pass, transition pass,
-      batched correction; bwd_prepare's Ag / Pg are kkt_solve's Ag / Pm) when not given: 0 or 2-3
-      recurrence launches plus the forward's chain.
+      forward_cp's own launches (`forward_cp.piece_initial_states`: warm-up tables, local pass over
+      each head's warm-up window, transition pass for fallback heads, batched correction;
+      bwd_prepare's Ag / Pg are kkt_solve's Ag / Pm) when not given: 0 or 1-2 recurrence launches
+      plus the forward's chain, with the forward's warm-up truncation (and its bound).
   (c) bwd_h over all pieces from S_in (all pieces in parallel): h at every chunk start.
   (d) local reverse pass: bwd_dh over the piece range ``plan.bwd_pass`` (every piece that is not
       first in its sequence; first pieces in between run too, their result unused) from terminal
@@ -213,8 +214,8 @@ def _bwd_cp(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, s
     else:
         # forward_cp's launches in the [K, V] layout (state_v_first=False kernels); dvp is scratch
         # for the discarded outputs (the final reverse pass overwrites it).
-        S_in = piece_initial_states(p, plan, False, q2, k2, v2, g2, Ag, Pg, user_h0, gate_prefix,
-                                    decay_threshold, transition, kernels.fwd, arch, sms, dvp)
+        S_in = piece_initial_states(p, plan, False, q2, k2, v2, g2, Ag, Pg, user_h0, decay_threshold,
+                                    transition, kernels.fwd, arch, sms, dvp)
     # (c) states at every chunk start, all pieces in parallel.
     bwd["bwd_h"](k2, v2, A2, fac, plan.cu_pieces, plan.chunk_offsets, S_in, h)
 

@@ -105,6 +105,14 @@ class CPPlan:
         piece_seq `[P]` int64, is_first / is_last `[P]` bool, last_piece `[N]` int64,
         pass1_cu / pass1_chunk_offsets `[p_hi - p_lo + 1]` int32 (the local pass's table),
         piece_start / piece_end `[p_hi - p_lo]` int64 (token ranges of the local pass's pieces),
+        pass1_n_chunks `[p_hi - p_lo]` int64 (chunks of each local-pass piece),
+        pass1_needed `[p_hi - p_lo]` bool (the piece is not last in its sequence, so its S_loc and M
+            enter the chain; the others run in the range for nothing),
+        pass1_rev_last / pass1_rev_valid `[p_hi - p_lo, Lr]` int64 / bool, Lr = most chunks of a
+            local-pass piece: entry (j, r) is the last token of chunk (n_chunks_j - 1 - r) of piece j
+            (chunks counted back from the piece end; g_cumsum there is that chunk's total
+            log-decay), valid for r < n_chunks_j (else 0 and False). forward_cp's warm-up
+            truncation reads them.
         slot_src `[n_slots - 1, n_long]` int64: for chain step s and long sequence l, the local-pass
             row of that sequence's piece s, or p_hi - p_lo (a zero row) past its second-to-last piece,
         slot_seq `[n_long]` int64: sequence of long sequence l,
@@ -161,6 +169,10 @@ class CPPlan:
     bwd_slot_first: torch.Tensor | None = None
     bwd_slot_src: torch.Tensor | None = None
     dht_src: torch.Tensor | None = None
+    pass1_n_chunks: torch.Tensor | None = None
+    pass1_needed: torch.Tensor | None = None
+    pass1_rev_last: torch.Tensor | None = None
+    pass1_rev_valid: torch.Tensor | None = None
 
     @property
     def n_pieces(self) -> int:
@@ -218,6 +230,7 @@ def build_plan(cu: list[int], piece_chunks: int | None, chunk_size: int, device)
 
     i32, i64 = torch.int32, torch.int64
     pass1_cu = pass1_off = piece_start = piece_end = slot_src = slot_seq = None
+    warm: dict = {}
     h0_src = [n_slots * len(long_seqs) + n for n in seq]
     if pass1 is not None:
         lo, hi = pass1
@@ -225,6 +238,17 @@ def build_plan(cu: list[int], piece_chunks: int | None, chunk_size: int, device)
         pass1_off = up(offsets[lo:hi + 1], i32)
         piece_start = up([pieces[j][0] for j in range(lo, hi)], i64)
         piece_end = up([pieces[j][1] for j in range(lo, hi)], i64)
+        n_chunks = [-(-(pieces[j][1] - pieces[j][0]) // C) for j in range(lo, hi)]
+        Lr = max(max(n_chunks), 1)
+        rev = [[min(pieces[j][0] + (m - r) * C, pieces[j][1]) - 1 if r < m else 0 for r in range(Lr)]
+               for j, m in zip(range(lo, hi), n_chunks)]
+        valid = [[r < m for r in range(Lr)] for m in n_chunks]
+        warm = {
+            "pass1_n_chunks": up(n_chunks, i64),
+            "pass1_needed": up([not is_last[j] for j in range(lo, hi)], torch.bool),
+            "pass1_rev_last": up(rev, i64).reshape(hi - lo, Lr),
+            "pass1_rev_valid": up(valid, torch.bool).reshape(hi - lo, Lr),
+        }
         zero_row = hi - lo
         src = [[first[n] + s - lo if s < counts[n] - 1 else zero_row for n in long_seqs]
                for s in range(n_slots - 1)]
@@ -262,7 +286,7 @@ def build_plan(cu: list[int], piece_chunks: int | None, chunk_size: int, device)
         is_first=up(is_first, torch.bool), is_last=up(is_last, torch.bool), last_piece=up(last, i64),
         pass1_cu=pass1_cu, pass1_chunk_offsets=pass1_off, piece_start=piece_start, piece_end=piece_end,
         slot_src=slot_src, slot_seq=slot_seq, h0_src=up(h0_src, i64),
-        first_piece=up(first, i64), dht_src=up(dht_src, i64), **bwd,
+        first_piece=up(first, i64), dht_src=up(dht_src, i64), **bwd, **warm,
     )
 
 

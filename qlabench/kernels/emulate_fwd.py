@@ -8,12 +8,14 @@ are cast to them on store). Used by tests/kernels/test_forward_cp.py.
     chunk_local_cumsum(g, table, C, arch, reverse=False, out=None)   (common/cumsum.py's wrapper)
     kkt_solve_kernel(h_qk, h_v, K, C, dtype, arch)(q, k, g_cumsum, beta, chunk_bounds, A, Ag, Pm, scale)
     chunk_fwd_kernel(h_qk, h_v, K, V, BV, C, dtype, state_v_first, arch)(
-        q, k, v, g_cumsum, Ag, Pm, cu_seqlens, chunk_offsets, h0, o, ht, h_out,
-        scale, has_h0, store_final, store_h)
+        q, k, v, g_cumsum, Ag, Pm, cu_seqlens, chunk_offsets, chunk_skip, h0, o, ht, h_out,
+        scale, has_h0, store_final, store_h, has_skip)
 
 Kernel behaviour reproduced: per-chunk rows past the sequence end read as zero, gam clamped to the
 sequence's last token, o written only inside [cu[n], cu[n+1]), the padding tail after cu[-1] zeroed,
-final state / per-chunk h written only when their flags are set, V tiling (exact) ignored.
+final state / per-chunk h written only when their flags are set, V tiling (exact) ignored; with
+has_skip, (sequence n, head h) starts at chunk max(chunk_skip[n, h], 0) of its sequence (rows of o and
+h of the skipped chunks untouched, h rows indexed by the chunk's index in the sequence).
 """
 
 from __future__ import annotations
@@ -63,34 +65,47 @@ def twin_kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch:
 
 def twin_chunk_fwd_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str,
                           state_v_first: bool, arch: str):
-    def chunk_fwd(q, k, v, g_cumsum, Ag, Pm, cu_seqlens, chunk_offsets, h0, o, ht, h_out, scale, has_h0,
-                  store_final, store_h):
+    def chunk_fwd(q, k, v, g_cumsum, Ag, Pm, cu_seqlens, chunk_offsets, chunk_skip, h0, o, ht, h_out, scale,
+                  has_h0, store_final, store_h, has_skip):
         n_tok = q.shape[0]
         assert all(x.shape[0] == n_tok for x in (k, v, g_cumsum, Ag, Pm, o)), "n_tok differs"
         qf, kf, vf = _expand_heads(q, h_v), _expand_heads(k, h_v), v.to(F64)
-        gf = g_cumsum.to(F64)
+        gf, Agf, Pmf = g_cumsum.to(F64), Ag.to(F64), Pm.to(F64)
         beta_dummy = torch.zeros_like(gf)
         cu, off = cu_seqlens.tolist(), chunk_offsets.tolist()
-        for n in range(len(cu) - 1):
+        n_seq = len(cu) - 1
+        if has_skip:
+            assert tuple(chunk_skip.shape) == (n_seq, h_v) and chunk_skip.dtype == torch.int32, "chunk_skip"
+            skips = chunk_skip.clamp(min=0).tolist()
+        else:
+            assert chunk_skip.dim() == 2 and chunk_skip.shape[1] == h_v, "chunk_skip dummy must be [*, h_v]"
+            skips = [[0] * h_v for _ in range(n_seq)]
+        for n in range(n_seq):
             bos, eos = cu[n], cu[n + 1]
+            skip = torch.tensor(skips[n])  # [H]: first chunk of each head
             if has_h0:
                 S = h0[n].to(F64)
                 S = S.transpose(-1, -2) if state_v_first else S
             else:
                 S = torch.zeros(h_v, K, V, dtype=F64)
             for c, t0 in enumerate(range(bos, eos, C)):
+                act = c >= skip  # [H]: heads that run this chunk
+                if not bool(act.any()):
+                    continue
                 end = min(t0 + C, eos)
                 _, _, e, r, gC, _ = _chunk_gates(gf, beta_dummy, t0, end, C)
                 if store_h:
-                    h_out[off[n] + c] = (S.transpose(-1, -2) if state_v_first else S).to(h_out.dtype)
+                    S_st = S.transpose(-1, -2) if state_v_first else S
+                    h_out[off[n] + c, act] = S_st[act].to(h_out.dtype)
                 K_c, Q_c, V_c = (_chunk_rows(x, t0, end, C) for x in (kf, qf, vf))
-                Ag_c = _chunk_rows(Ag.to(F64), t0, end, C)
-                Pm_c = _chunk_rows(Pm.to(F64), t0, end, C)
+                Ag_c = _chunk_rows(Agf, t0, end, C)
+                Pm_c = _chunk_rows(Pmf, t0, end, C)
                 W = V_c - e[..., None] * (K_c @ S)
                 Vd = Ag_c @ W
                 O = scale * e[..., None] * (Q_c @ S) + Pm_c @ Vd
-                o[t0:end] = O.movedim(0, 1)[: end - t0].to(o.dtype)
-                S = torch.exp(gC)[:, None, None] * S + K_c.transpose(-1, -2) @ (r[..., None] * Vd)
+                o[t0:end, act] = O.movedim(0, 1)[: end - t0, act].to(o.dtype)
+                S_next = torch.exp(gC)[:, None, None] * S + K_c.transpose(-1, -2) @ (r[..., None] * Vd)
+                S = torch.where(act[:, None, None], S_next, S)
             if store_final:
                 ht[n] = (S.transpose(-1, -2) if state_v_first else S).to(ht.dtype)
         if len(cu) > 1:

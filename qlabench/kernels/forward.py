@@ -70,8 +70,9 @@ def chunk_gated_delta_rule_fwd(
     BV = value_tile(p.N * p.h_v, sms)
     chunk_fwd_kernel = recurrence_kernel((p.V // BV) * p.N * p.h_v, sms, arch)
     kernel = chunk_fwd_kernel(p.h_qk, p.h_v, p.K, p.V, BV, C, dtype, state_v_first, arch.name)
-    kernel(q2, k2, v2, g_cumsum, Ag, Pm, table.cu_seqlens, table.chunk_offsets, h0, o, ht, h,
-           p.scale, int(has_h0), int(bool(output_final_state)), int(bool(output_h)))
+    no_skip = torch.empty(1, p.h_v, dtype=torch.int32, device=dev)  # has_skip = 0: never read
+    kernel(q2, k2, v2, g_cumsum, Ag, Pm, table.cu_seqlens, table.chunk_offsets, no_skip, h0, o, ht, h,
+           p.scale, int(has_h0), int(bool(output_final_state)), int(bool(output_h)), 0)
     return (
         g_cumsum.reshape(p.B, p.T, p.h_v),
         A.reshape(p.B, p.T, p.h_v, C),

@@ -17,11 +17,19 @@ kkt_solve masks of the whole sequences serve the pieces unchanged.
 
 Launches:
   (a) chunk_local_cumsum + kkt_solve over the original sequences (as forward.py).
-  (b) local pass: the recurrence over the piece range of the plan's ``pass1`` (every piece that is
-      not last in its sequence; pieces between them that are last in theirs run too and are ignored,
-      since the kernel takes a contiguous range) from zero with store_final -> S_loc; o goes into
-      the output buffer, which (d) overwrites. Transition pass: the same launch with v = 0 and
-      h0 = I (V-width = K = 128) -> M (the identity-state trick of context_parallel.py).
+  (b) warm-up tables (torch ops on the device, no host sync): for every piece j of the plan's
+      ``pass1`` range and head h, walking the piece's chunks back from its end and summing their total
+      log-decays gam_C (g_cumsum at each chunk's last token), n(j, h) = the first count at which the
+      sum drops below ``decay_threshold``; if it never does (or with decay_threshold None) the head
+      falls back: n = all m_j chunks of the piece, and its transition M is needed.
+      Local pass: the recurrence over the range from zero with store_final, each (piece, head)
+      block starting at chunk m_j - n(j, h) (the kernel's chunk_skip) -> S_loc, the piece's final
+      state from zero at the start of its last n(j, h) chunks (the whole piece for fallback
+      heads). o goes into the output buffer, which (d) overwrites. Pieces of the range that are last
+      in their sequence (the kernel takes a contiguous range; their result is not read) skip all
+      their chunks. Transition pass: the same launch with v = 0 and h0 = I (V-width = K = 128) ->
+      M (the identity-state trick of context_parallel.py), run only by the fallback (piece, head)
+      blocks (the others skip every chunk; their M rows are zeroed).
   (c) correction, sequentially over piece positions s = 0 .. n_slots - 2, all long sequences at once:
           S_in(s + 1) = S_loc(s) + [fallback(s)] M(s) S_in(s),    S_in(0) = h0 or 0,
       one batched matmul (baddbmm into a slot view) per step, plus ~6 launches of gathers around it:
@@ -29,24 +37,32 @@ Launches:
       cut this to ~2 log2(n_slots) launches if it shows up in the H200 profile.
   (d) output pass: the recurrence over all pieces from S_in, o written in place; the final state of
       each sequence is its last piece's (one gather).
+Work: the local pass runs n(j, h) chunks per (piece, head) (~4 with the suite's bench gates, about
+-3 per chunk) instead of the whole piece, the transition pass only the fallback heads' pieces (e.g.
+the bench gates' zero-gate heads); the output pass stays a full pass.
 
-Warm-up truncation (``decay_threshold``, default -10). For each local-pass piece j and head h,
-d(j, h) = sum of g over the piece's tokens (= the sum of its chunks' final gam). If d < threshold the
-head's M(j) is dropped (treated as 0), else the head falls back to the exact M. With ||k_t||_2 = 1
-and 0 <= beta_t <= 2 every factor exp(g_t) (I - beta_t k_t k_t^T) has spectral norm <= exp(g_t), so
-||M(j)||_2 <= exp(d(j, h)) < e^threshold. The error e(j) = S_in_cp(j) - S_in(j) then obeys
-e(j + 1) = M(j) S_in(j) (dropped) or M(j) e(j) (kept), hence for every piece of the sequence
+Warm-up truncation (``decay_threshold``, default -10; FlashQLA's approximation, flashqla-design.md
+4.3). For a truncated (piece j, head h) let Z(j) be the exact state at the start of the piece's last
+n chunks (from the exact S_in(j)) and M_w the transition of those n chunks. The exact end state is
+S_in(j + 1) = M_w Z(j) + S_w(j), with S_w the warm-up state from zero over the n chunks, which is
+what the local pass computes; CP drops M_w Z(j), i.e. everything the piece carried in before its
+warm-up window (S_in(j) through M, and the piece's own earlier chunks). With ||k_t||_2 = 1,
+0 <= beta_t <= 2 and g_t <= 0 every token factor exp(g_t) (I - beta_t k_t k_t^T) has spectral norm
+<= exp(g_t) <= 1, so ||M_w||_2 <= exp(sum of the window's gam_C) < e^threshold. The error e(j) = S_in_cp(j) - S_in(j)
+obeys e(j + 1) = -M_w Z(j) (truncated) or M(j) e(j) (fallback, ||M(j)||_2 <= 1), hence for every
+piece of the sequence
 
-    ||e(j)||_2 <= e^threshold * max_{i < j} ||S_in(i)||_2     (e^-10 ~ 4.5e-5)
+    ||e(j)||_2 <= e^threshold * max ||Z(i)||_2 over pieces i < j
+               <= e^threshold * max ||S_t||_2 over the sequence's exact chunk-start states
+                                                                              (e^-10 ~ 4.5e-5)
 
 and the same bound holds for the final state; an output row o_t = scale S_t^T q_t inside piece j
 is off by at most scale ||q_t|| ||e(j)||_2 (the in-piece factors are non-expansive too). Without
-normalised keys or with beta outside [0, 2] there is no such bound; ``decay_threshold=None`` keeps
-every M (exact up to rounding). Unlike FlashQLA, S_loc is always computed over the whole piece (the
-kernel runs one token range for all heads), so truncation only decides whether M is needed:
-with ``transition="auto"`` the transition pass is skipped when no (piece, head) falls back, which
-needs one host read of a flag (a sync; never inside a CUDA-graph capture, where the pass always
-runs); ``transition="always"`` never syncs.
+normalised keys or with beta outside [0, 2] there is no such bound; ``decay_threshold=None`` makes
+every head fall back (the whole piece and M: exact up to rounding). With ``transition="auto"`` the
+transition pass is skipped when no (piece, head) falls back, which needs one host read of a flag
+(a sync; never inside a CUDA-graph capture, where the pass always runs); ``transition="always"``
+never syncs (the pass then runs, doing work only for fallback heads).
 """
 
 from __future__ import annotations
@@ -98,7 +114,8 @@ def chunk_gated_delta_rule_fwd_cp(
     Args: as chunk_gated_delta_rule_fwd, plus
         plan: a `cp.plan_cp` plan for these cu_seqlens (None: planned here with ``plan_heads`` or
             H_v, the device's SM count and the arch's chunk size; cached per cu_seqlens values).
-        decay_threshold: negative float (drop M where a piece decays below e^threshold) or None.
+        decay_threshold: negative float (per piece and head, run only the last chunks whose decay
+            passes below e^threshold, and drop M there; the module docstring's bound) or None (exact).
         plan_heads: head count to plan with (the global one under tensor parallelism).
         transition: "auto" or "always" (see the module docstring).
         return_piece_states: also return the pieces' initial states (what `backward_cp` needs).
@@ -168,19 +185,15 @@ def _fwd_cp(q, k, v, g, beta, p, initial_state, cu_seqlens, output_final_state, 
     user_h0 = (initial_state.to(sdt).contiguous() if initial_state is not None
                else torch.zeros((p.N,) + state, dtype=sdt, device=dev))
 
-    def gate_prefix(tok_hi):  # prefix sums of the raw gate: piece decay = prefix[end] - prefix[start]
-        csum = torch.zeros(tok_hi + 1, H, dtype=torch.float64, device=dev)
-        # scan along the contiguous dim: torch's scan over dim 0 of a [T, H] tensor is ~1000x slower
-        csum[1:] = g2[:tok_hi].to(torch.float64).t().contiguous().cumsum(1).t()
-        return csum
-
-    h0_pieces = piece_initial_states(p, plan, state_v_first, q2, k2, v2, g_cumsum, Ag, Pm, user_h0, gate_prefix,
+    h0_pieces = piece_initial_states(p, plan, state_v_first, q2, k2, v2, g_cumsum, Ag, Pm, user_h0,
                                      decay_threshold, transition, kernels, arch, sms, o)
 
     # (d) output pass over all pieces.
     ht_pieces = torch.empty((plan.n_pieces if output_final_state else 1,) + state, dtype=sdt, device=dev)
-    recurrence(plan.n_pieces)(q2, k2, v2, g_cumsum, Ag, Pm, plan.cu_pieces, plan.chunk_offsets, h0_pieces,
-                              o, ht_pieces, h_dummy, p.scale, 1, int(bool(output_final_state)), 0)
+    no_skip = torch.empty(1, H, dtype=torch.int32, device=dev)  # has_skip = 0: never read
+    recurrence(plan.n_pieces)(q2, k2, v2, g_cumsum, Ag, Pm, plan.cu_pieces, plan.chunk_offsets, no_skip,
+                              h0_pieces, o, ht_pieces, h_dummy, p.scale, 1, int(bool(output_final_state)), 0,
+                              0)
     final = ht_pieces[plan.last_piece] if output_final_state else None
     out = (
         g_cumsum.reshape(p.B, p.T, H),
@@ -200,18 +213,55 @@ def _recurrence(kernels: ForwardKernels, n_pieces: int, p, C: int, dtype: str, s
     return factory(p.h_qk, p.h_v, p.K, p.V, BV, C, dtype, state_v_first, arch.name)
 
 
-def piece_initial_states(p, plan, state_v_first, q2, k2, v2, g_cumsum, Ag, Pm, user_h0, gate_prefix,
-                         decay_threshold, transition, kernels: ForwardKernels, arch, sms: int, o_scratch):
+def warmup_skips(plan: CPPlan, g_cumsum: torch.Tensor, decay_threshold: float | None):
+    """The chunk_skip tables of the local and transition passes (launch (b) of the module docstring),
+    from device tensors only (no host sync).
+
+    Args:
+        g_cumsum: `[n_tok, H_v]` in-chunk cumsum of g (its value on a chunk's last token is the chunk's
+            total log-decay gam_C; pieces are chunk-aligned, so chunks of pieces are chunks of the
+            sequences).
+
+    Returns:
+        (skip_local, skip_m, fallback): `[P1, H_v]` int32, int32, bool over the pieces of
+        ``plan.pass1``. skip_local = m_j - n(j, h) (0 for fallback heads, m_j for pieces that are
+        last in their sequence); skip_m = 0 for fallback heads, else m_j (no work); fallback: the
+        piece's S_loc and M enter the chain and the head never decays below e^threshold within it.
+    """
+    m = plan.pass1_n_chunks[:, None]  # [P1, 1]
+    needed = plan.pass1_needed[:, None]
+    if decay_threshold is None:
+        reached = torch.zeros((), dtype=torch.bool, device=m.device)
+        n_fwd = m
+    else:
+        # gam_C of chunk (m_j - 1 - r) of piece j at [h, j, r], 0 past the piece's first chunk.
+        gam = g_cumsum.t()[:, plan.pass1_rev_last].to(torch.float64)  # [H, P1, Lr]
+        gam = torch.where(plan.pass1_rev_valid, gam, torch.zeros((), dtype=gam.dtype, device=gam.device))
+        crossed = gam.cumsum(-1) < decay_threshold  # the last r + 1 chunks decay below e^threshold
+        first = (~crossed).to(torch.int32).cumprod(-1).sum(-1).t()  # [P1, H]: index of the first crossing
+        reached = first < crossed.shape[-1]  # zero padding never crosses first: first < m_j here
+        n_fwd = first + 1
+    fallback = needed & ~reached
+    zero = torch.zeros((), dtype=m.dtype, device=m.device)
+    skip_local = torch.where(needed, torch.where(reached, m - n_fwd, zero), m)
+    skip_m = torch.where(fallback, zero, m)
+    H = g_cumsum.shape[1]
+    P1 = m.shape[0]
+    return tuple(x.expand(P1, H).to(dtype).contiguous()
+                 for x, dtype in ((skip_local, torch.int32), (skip_m, torch.int32), (fallback, torch.bool)))
+
+
+def piece_initial_states(p, plan, state_v_first, q2, k2, v2, g_cumsum, Ag, Pm, user_h0, decay_threshold,
+                         transition, kernels: ForwardKernels, arch, sms: int, o_scratch):
     """Launches (b) and (c) of the module docstring: the initial state of every piece of ``plan``.
 
     Args:
         q2, k2: `[n_tok, H_qk, K]`; v2, o_scratch: `[n_tok, H_v, V]` (o_scratch's rows are overwritten
-            with garbage); g_cumsum `[n_tok, H_v]`; Ag, Pm: kkt_solve's masks (bwd_prepare's Ag, Pg
-            are the same tensors).
+            with garbage); g_cumsum `[n_tok, H_v]` (the in-chunk cumsum: the kernels' input and the
+            source of the warm-up decision); Ag, Pm: kkt_solve's masks (bwd_prepare's Ag, Pg are the
+            same tensors).
         user_h0: `[N, *state]` per-sequence initial states in the call's layout (zeros if none),
             float32 (float64 with the twins); its dtype is the dtype of the result.
-        gate_prefix: tok_hi -> `[tok_hi + 1, H_v]` float64 prefix sums of the raw gate over the
-            token axis (only called with a decay threshold).
 
     Returns:
         h0_pieces `[P, *state]` (contiguous).
@@ -230,34 +280,30 @@ def piece_initial_states(p, plan, state_v_first, q2, k2, v2, g_cumsum, Ag, Pm, u
         tok_hi = plan.pieces[hi - 1][1]
         views = [x[:tok_hi] for x in (q2, k2, v2, g_cumsum, Ag, Pm)]
         kernel1 = _recurrence(kernels, P1, p, C, dtype, state_v_first, arch, sms)
-        # (b) local pass: S_loc of every piece in the range, from zero.
+        rng = (plan.pass1_cu, plan.pass1_chunk_offsets)
+        # (b) warm-up tables, then the local pass: S_loc of every (piece, head) from zero over its
+        # warm-up window (the whole piece for fallback heads).
+        skip_local, skip_m, fallback = warmup_skips(plan, g_cumsum, decay_threshold)
         S_loc = torch.empty((P1 + 1,) + state, dtype=sdt, device=dev)  # + a zero row for the slots
         S_loc[P1].zero_()
         no_h0 = torch.empty((1,) + state, dtype=sdt, device=dev)  # has_h0 = 0: never read (as forward.py)
-        kernel1(*views, plan.pass1_cu, plan.pass1_chunk_offsets, no_h0, o[:tok_hi], S_loc, h_dummy,
-                p.scale, 0, 1, 0)
-        # Truncation: fallback[j, h] = the piece does not decay below e^threshold for head h.
+        kernel1(*views, *rng, skip_local, no_h0, o[:tok_hi], S_loc, h_dummy, p.scale, 0, 1, 0, 1)
         if decay_threshold is None:
-            fallback = None
             run_m = True
         else:
-            csum = gate_prefix(tok_hi)
-            decay = csum[plan.piece_end] - csum[plan.piece_start]  # [P1, H]
-            fallback = decay > decay_threshold
             capturing = dev.type == "cuda" and torch.cuda.is_current_stream_capturing()
             run_m = transition == "always" or capturing or bool(fallback.any())
         M = torch.zeros((P1 + 1, H, K, K), dtype=sdt, device=dev)
         if run_m:
-            # Transition pass: v = 0 from h0 = I gives M (its own layout-transposed form with
-            # state_v_first, which the chain below multiplies from the right).
+            # Transition pass, fallback heads only: v = 0 from h0 = I gives M (its own
+            # layout-transposed form with state_v_first, which the chain below multiplies from the
+            # right). Blocks that skip every chunk store h0 = I: zeroed by the mask.
             v_zero = torch.empty_like(v2[:tok_hi])
             v_zero[plan.pieces[lo][0]:].zero_()
             eye = torch.eye(K, dtype=sdt, device=dev).expand(P1, H, K, K).contiguous()
             views[2] = v_zero
-            kernel1(*views, plan.pass1_cu, plan.pass1_chunk_offsets, eye, o[:tok_hi], M, h_dummy,
-                    p.scale, 1, 1, 0)
-            if fallback is not None:
-                M[:P1] *= fallback[:, :, None, None].to(sdt)
+            kernel1(*views, *rng, skip_m, eye, o[:tok_hi], M, h_dummy, p.scale, 1, 1, 0, 1)
+            M[:P1] *= fallback[:, :, None, None].to(sdt)
         # (c) correction over piece positions, all long sequences at once.
         nl = len(plan.long_seqs)
         slots = torch.empty((plan.n_slots, nl) + state, dtype=sdt, device=dev)

@@ -104,6 +104,74 @@ def test_cp_1x32768(h_qk, h_v, gate):
                    device=inp["q"].device)
     assert plan.enabled, "CP should turn on for one 32k sequence with few heads"
     _check_cp(inp)
+    # the warm-up truncation is in effect: decaying heads run a few chunks, zero-gate heads fall back
+    from qlabench.kernels.common.chunks import build_chunk_table
+    from qlabench.kernels.common.cumsum import chunk_local_cumsum
+    from qlabench.kernels.dispatch import arch_for_device
+    from qlabench.kernels.forward_cp import warmup_skips
+
+    table = build_chunk_table(torch.tensor([0, 32768], dtype=torch.int32, device="cuda"), 32768, 64)
+    gc = chunk_local_cumsum(inp["g"][0].contiguous(), table, 64, arch_for_device(inp["q"].device).name)
+    skip_local, _, fallback = warmup_skips(plan, gc, -10.0)
+    zero = (inp["g"][0] == 0).all(0)
+    assert torch.equal(fallback[:, zero], torch.ones_like(fallback[:, zero]))
+    if gate == "bench":
+        warm = plan.piece_chunks - skip_local[:, ~zero]
+        assert warm.max() <= 6 and not fallback[:, ~zero].any(), warm
+
+
+@pytest.mark.parametrize("variant", ["chunk_fwd", "chunk_fwd_pipelined"])
+@pytest.mark.parametrize("state_v_first", [False, True], ids=["kv", "vk"])
+def test_chunk_skip_matches_the_twin(variant, state_v_first):
+    """The recurrence kernel's chunk_skip / has_skip against its float64 twin on the same bf16 inputs:
+    per-(sequence, head) first chunks (0, inside, past the end), o / h rows of skipped chunks
+    untouched, h rows at their chunk index, final states; has_skip = 0 with a [1, H] dummy = no skip."""
+    from qlabench.kernels.common.chunks import build_chunk_table
+    from qlabench.kernels.common.cumsum import chunk_local_cumsum
+    from qlabench.kernels.dispatch import arch_for_device, kernel_factory
+    from qlabench.kernels.emulate_fwd import twin_chunk_fwd_kernel
+
+    H, C = 4, 64
+    cu = [0, 1000, 1000, 1700, 4000]
+    T = 4096  # + a padding tail
+    inp = make_inputs(T, 2, H, cu_seqlens=cu, gate="bench", h0=True, state_v_first=state_v_first, seed=11)
+    arch = arch_for_device(inp["q"].device)
+    dev = inp["q"].device
+    q2, k2, v2 = (inp[x][0].contiguous() for x in ("q", "k", "v"))
+    g2, b2 = inp["g"][0].contiguous(), inp["beta"][0].contiguous()
+    cu_t = inp["cu_seqlens"]
+    table = build_chunk_table(cu_t, T, C)
+    gc = chunk_local_cumsum(g2, table, C, arch.name)
+    A, Ag, Pm = (torch.empty(T, H, C, dtype=torch.bfloat16, device=dev) for _ in range(3))
+    scale = 128 ** -0.5
+    kernel_factory(arch, "kkt_solve")(2, H, 128, C, "bfloat16", arch.name)(
+        q2, k2, gc, b2, table.chunk_bounds, A, Ag, Pm, scale)
+    skip = torch.tensor([[0, 3, 15, 16], [1, 0, 2, 0], [5, 11, 0, 1], [0, 36, 40, 7]], dtype=torch.int32, device=dev)
+    h0 = inp["initial_state"]
+    n_h = int(table.n_chunks_max)
+    kernel = kernel_factory(arch, variant)(2, H, 128, 128, 32, C, "bfloat16", state_v_first, arch.name)
+    twin = twin_chunk_fwd_kernel(2, H, 128, 128, 32, C, "bfloat16", state_v_first, arch.name)
+    outs = {}
+    for name, fn, where in (("dev", kernel, dev), ("twin", twin, "cpu")):
+        args = [x.to(where) for x in (q2, k2, v2, gc, Ag, Pm, cu_t, table.chunk_offsets, skip, h0)]
+        o = torch.full((T, H, 128), 7.0, dtype=torch.bfloat16, device=where)
+        ht = torch.empty(4, H, 128, 128, dtype=torch.float32, device=where)
+        h = torch.full((n_h, H, 128, 128), 7.0, dtype=torch.bfloat16, device=where)
+        fn(*args, o, ht, h, scale, 1, 1, 1, 1)
+        outs[name] = (o.cpu(), ht.cpu(), h.cpu())
+    (o_d, ht_d, h_d), (o_t, ht_t, h_t) = outs["dev"], outs["twin"]
+    assert torch.equal(o_d == 7.0, o_t == 7.0) and torch.equal(h_d == 7.0, h_t == 7.0), "rows written differ"
+    written = o_t != 7.0
+    assert rel_l2(o_d[written], o_t[written].float()) <= TOL
+    assert rel_l2(ht_d, ht_t) <= TOL
+    assert rel_l2(h_d[h_t != 7.0], h_t[h_t != 7.0].float()) <= TOL
+    # has_skip = 0: a [1, H] dummy is never read, every chunk runs (= skip 0 everywhere)
+    o1, o2 = (torch.empty(T, H, 128, dtype=torch.bfloat16, device=dev) for _ in range(2))
+    ht1, ht2 = (torch.empty(4, H, 128, 128, device=dev) for _ in range(2))
+    common = (q2, k2, v2, gc, Ag, Pm, cu_t, table.chunk_offsets)
+    kernel(*common, torch.full((1, H), 9, dtype=torch.int32, device=dev), h0, o1, ht1, h, scale, 1, 1, 0, 0)
+    kernel(*common, torch.zeros(4, H, dtype=torch.int32, device=dev), h0, o2, ht2, h, scale, 1, 1, 0, 1)
+    assert torch.equal(o1, o2) and torch.equal(ht1, ht2)
 
 
 def test_cp_cuda_graph_capture():

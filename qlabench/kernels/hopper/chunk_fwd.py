@@ -32,6 +32,12 @@ Shared memory (BV = 64): Q, K 2 x 16 KB, V 8 KB, Ag, Pm 2 x 8 KB, S 16 KB, W, Vd
 gam 0.25 KB: ~104 KB (the pipelined variant doubles the Q, K, V, Ag, Pm buffers).
 Extras: optional per-chunk start states h (bf16), final state (fp32); the block of the last
 sequence zero-fills o on the padding tail after cu_seqlens[-1].
+Chunk skip (``has_skip`` != 0, for the CP warm-up of forward_cp.py): block (sequence n, head h) starts
+at chunk s = chunk_skip[n, h] (clamped at 0) of its sequence instead of chunk 0, i.e. it runs chunks
+s .. ceil((eos - bos) / C) - 1 (none when s is at or past the chunk count) from the start state
+h0 (or zero); o rows and h rows of the skipped chunks are not written, h rows keep their meaning
+(row chunk_offsets[n] + chunk index in the sequence), the padding-tail zero-fill is unchanged. With
+has_skip == 0 chunk_skip is never read (a [1, H_v] dummy does) and every chunk runs.
 """
 
 import functools
@@ -44,8 +50,12 @@ from ..common.build import compile_for
 @functools.cache
 def chunk_fwd_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str, state_v_first: bool,
                      arch: str, pipelined: bool = False):
-    """Compiled forward for one head configuration; scale and the h0 / final-state / h switches are
-    runtime arguments so that one binary serves every call of the configuration."""
+    """Compiled forward for one head configuration; scale and the h0 / final-state / h / chunk-skip
+    switches are runtime arguments so that one binary serves every call of the configuration.
+
+    Kernel arguments: (q, k, v, g_cumsum, Ag, Pm, cu_seqlens, chunk_offsets, chunk_skip, h0, o, ht,
+    h_out, scale, has_h0, store_final, store_h, has_skip); chunk_skip `[n_skip, H_v]` int32 (any
+    n_skip >= 1 when has_skip == 0, else one row per sequence of cu_seqlens)."""
     name = "chunk_fwd_pipelined" if pipelined else "chunk_fwd"
 
     def rows(t0, eos, i, value):
@@ -59,6 +69,7 @@ def chunk_fwd_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype
     n_h0 = T.dynamic("n_h0")
     n_ht = T.dynamic("n_ht")
     n_hc = T.dynamic("n_hc")
+    n_skip = T.dynamic("n_skip")
     state_shape = (h_v, V, K) if state_v_first else (h_v, K, V)
 
     def chunk_fwd(
@@ -70,6 +81,7 @@ def chunk_fwd_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype
         Pm: T.Tensor((n_tok, h_v, C), dtype),
         cu_seqlens: T.Tensor((n_cu,), "int32"),
         chunk_offsets: T.Tensor((n_cu,), "int32"),
+        chunk_skip: T.Tensor((n_skip, h_v), "int32"),
         h0: T.Tensor((n_h0,) + state_shape, "float32"),
         o: T.Tensor((n_tok, h_v, V), dtype),
         ht: T.Tensor((n_ht,) + state_shape, "float32"),
@@ -78,6 +90,7 @@ def chunk_fwd_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype
         has_h0: T.int32,
         store_final: T.int32,
         store_h: T.int32,
+        has_skip: T.int32,
     ):
         with T.Kernel(NV, (n_cu - 1) * h_v, threads=THREADS) as (iv, nh):
             Q_s = T.alloc_shared((C, K), dtype)
@@ -101,6 +114,10 @@ def chunk_fwd_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype
             v0 = iv * BV
             bos = cu_seqlens[n]
             eos = cu_seqlens[n + 1]
+            # first chunk run; the row index is guarded too, so a [1, H_v] dummy is never over-read
+            skip_row = T.if_then_else(has_skip != 0, n, 0)
+            skip = T.max(T.if_then_else(has_skip != 0, chunk_skip[skip_row, h], 0), 0)
+            n_run = T.max(T.ceildiv(eos - bos, C) - skip, 0)
 
             for i, j in T.Parallel(K, BV):
                 if state_v_first:
@@ -108,9 +125,8 @@ def chunk_fwd_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype
                 else:
                     S_f[i, j] = T.if_then_else(has_h0 != 0, h0[n, h, i, v0 + j], 0.0)
 
-            for c in (T.Pipelined(T.ceildiv(eos - bos, C), num_stages=2) if pipelined
-                      else T.serial(T.ceildiv(eos - bos, C))):
-                t0 = bos + c * C
+            for c in (T.Pipelined(n_run, num_stages=2) if pipelined else T.serial(n_run)):
+                t0 = bos + (skip + c) * C
                 T.copy(q[t0:t0 + C, hk, :], Q_s)
                 T.copy(k[t0:t0 + C, hk, :], K_s)
                 T.copy(v[t0:t0 + C, h, v0:v0 + BV], V_s)
@@ -122,9 +138,9 @@ def chunk_fwd_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype
                 if store_h != 0:
                     for i, j in T.Parallel(K, BV):
                         if state_v_first:
-                            h_out[chunk_offsets[n] + c, h, v0 + j, i] = S_s[i, j]
+                            h_out[chunk_offsets[n] + skip + c, h, v0 + j, i] = S_s[i, j]
                         else:
-                            h_out[chunk_offsets[n] + c, h, i, v0 + j] = S_s[i, j]
+                            h_out[chunk_offsets[n] + skip + c, h, i, v0 + j] = S_s[i, j]
                 gam_last = gam_s[C - 1]
 
                 T.gemm(K_s, S_s, U_f, clear_accum=True)
