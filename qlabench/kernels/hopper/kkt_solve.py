@@ -11,16 +11,21 @@ Rows past the sequence end are not written.
 
 Grid: (NCmax chunks, H_v); blocks past the real chunk count exit. Threads: 128 (one warpgroup).
   * K K^T on tensor cores (wgmma 64x64x128, fp32 accumulate); rows past the chunk end are zero.
-  * Blockwise inverse in fp32 on CUDA cores. The 16 x 16 diagonal blocks are inverted by forward
-    substitution (thread (b, c) owns column c of block b: X[i, c] = delta_ic - sum_{j<i} L[i, j] X[j, c],
+  * Blockwise inverse in fp32. The 16 x 16 diagonal blocks are inverted by forward substitution on
+    CUDA cores (thread (b, c) owns column c of block b: X[i, c] = delta_ic - sum_{j<i} L[i, j] X[j, c],
     a chain of at most 15 steps). Then blocks are merged by doubling, 16 -> 32 -> 64: for a 2s x 2s
     block [[I + L11, 0], [L21, I + L22]] the inverse's lower-left block is -X22 (L21 X11), two
-    s x s x s products spread over all threads. (A plain 64-row substitution was a 64-step serial
-    chain per column and dominated the forward's time.)
+    s x s x s products. 16 -> 32 on CUDA cores (two pairs, 16 x 16 tiles are too small for a 4-warp
+    mma partition); 32 -> 64 on tensor cores (mma.sync tf32, fp32 accumulate): ncu on the H200 showed
+    the all-CUDA-core version bound by shared-memory traffic (L1/TEX 91% busy, 0.39 ms for 1x32768
+    hk16_hv16), most of it in this level. tf32 operands put a relative error of ~6e-5 on A_k
+    (float64 experiment on random unit keys), 7x below the bf16 rounding of the stored result.
+    (A plain 64-row substitution was a 64-step serial chain per column and dominated the forward.)
   * Q K^T on tensor cores; masks applied in fp32 (exp of gam_i - gam_j <= 0 only).
   * Rows of the chunk are stored as bf16 (row t of A, Ag, Pm holds token t's row of its chunk).
 Shared memory: Q, K 64x128 bf16 (32 KB) + L and X 64x64 fp32 (32 KB) + product scratch 32x32 fp32
-(4 KB) + beta, gam = ~69 KB.
+(4 KB) + beta, gam: ~69 KB declared; TileLang overlaps buffers by lifetime (37 KB per block as compiled
+before the tensor-core merge, ncu).
 """
 
 import functools
@@ -89,6 +94,7 @@ def kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str)
             X_s = T.alloc_shared((C, C), "float32")
             kkt = T.alloc_fragment((C, C), "float32")
             M_s = T.alloc_shared((C // 2, C // 2), "float32")
+            M_f = T.alloc_fragment((C // 2, C // 2), "float32")
             acc = T.alloc_var("float32")
             tx = T.get_thread_binding()
             start = chunk_bounds[c, 0]
@@ -123,8 +129,13 @@ def kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str)
                 T.sync_threads()
                 # merge by doubling: X21 = -X22 (L21 X11) for every pair of s-blocks
                 merge_level(L_s, X_s, M_s, DIAG, tx)  # 16 -> 32
-                if C == 4 * DIAG:
-                    merge_level(L_s, X_s, M_s, 2 * DIAG, tx)  # 32 -> 64
+                if C == 4 * DIAG:  # 32 -> 64: two 32 x 32 x 32 products on tensor cores (tf32)
+                    T.gemm(L_s[2 * DIAG:C, 0:2 * DIAG], X_s[0:2 * DIAG, 0:2 * DIAG], M_f, clear_accum=True)
+                    T.copy(M_f, M_s)
+                    T.gemm(X_s[2 * DIAG:C, 2 * DIAG:C], M_s, M_f, clear_accum=True)
+                    for i, j in T.Parallel(2 * DIAG, 2 * DIAG):
+                        X_s[2 * DIAG + i, j] = -M_f[i, j]
+                    T.sync_threads()
                 for i, j in T.Parallel(C, C):
                     if start + i < end:
                         A[start + i, h, j] = T.cast(X_s[i, j], dtype)
