@@ -55,16 +55,16 @@ def _run(cmd: list[str], cwd=None, timeout: float = 10.0) -> str | None:
 def git_info() -> tuple[str | None, bool | None]:
     """(commit, dirty) of the qlabench checkout; (None, None) outside git.
 
-    A copy of the tree without .git (e.g. shipped to a GPU host) can name its commit in the
-    environment: QLABENCH_GIT_COMMIT (and QLABENCH_GIT_DIRTY=0/1).
+    QLABENCH_GIT_COMMIT (and QLABENCH_GIT_DIRTY=0/1) in the environment name the commit explicitly and
+    win over git: a tree shipped to a GPU host may lack .git or carry a stale one.
     """
+    env_commit = os.environ.get("QLABENCH_GIT_COMMIT")
+    if env_commit:  # explicit: a copied tree's .git can be stale (seen on the lent GPU host)
+        dirty = os.environ.get("QLABENCH_GIT_DIRTY")
+        return env_commit, (dirty == "1") if dirty in ("0", "1") else None
     root = Path(qlabench.__file__).resolve().parent.parent
     commit = _run(["git", "rev-parse", "HEAD"], cwd=root)
     if commit is None:
-        env_commit = os.environ.get("QLABENCH_GIT_COMMIT")
-        if env_commit:
-            dirty = os.environ.get("QLABENCH_GIT_DIRTY")
-            return env_commit, (dirty == "1") if dirty in ("0", "1") else None
         return None, None
     status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root)
     return commit, bool(status) if status is not None else None

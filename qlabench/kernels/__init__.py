@@ -32,14 +32,50 @@ def _l2norm(x: torch.Tensor) -> torch.Tensor:
     return (xf * torch.rsqrt((xf * xf).sum(-1, keepdim=True) + 1e-6)).to(x.dtype)
 
 
+CP_MODES = ("auto", "on", "off")
+
+
+def cp_mode() -> str:
+    """Intra-card CP switch of the forward, from QLABENCH_CP: auto (the plan's enable rule, cp.py),
+    on (always plan pieces) or off."""
+    import os
+
+    mode = os.environ.get("QLABENCH_CP", "auto")
+    if mode not in CP_MODES:
+        raise ValueError(f"QLABENCH_CP must be one of {', '.join(CP_MODES)}, got {mode!r}")
+    return mode
+
+
+def _forward(q, k, v, g, beta, *, scale, initial_state, cu_seqlens, output_final_state, output_h, state_v_first):
+    """The forward kernels, with intra-card CP (forward_cp.py) when the plan turns it on."""
+    from .forward import chunk_gated_delta_rule_fwd
+
+    mode = cp_mode()
+    if mode != "off" and not output_h:
+        from .cp import plan_cp
+        from .dispatch import arch_for_device
+        from .forward import _sm_count
+        from .forward_cp import chunk_gated_delta_rule_fwd_cp
+
+        B, T, H = v.shape[:3]
+        plan = plan_cp(cu_seqlens, heads=H, sm_count=_sm_count(q.device), chunk_size=arch_for_device(q.device).chunk_size,
+                       B=B, T=T, device=q.device, enable=True if mode == "on" else None)
+        if plan.enabled:
+            return chunk_gated_delta_rule_fwd_cp(
+                q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+                output_final_state=output_final_state, state_v_first=state_v_first, plan=plan,
+                transition="always")  # no host read of the fallback flag: no sync, capturable
+    return chunk_gated_delta_rule_fwd(
+        q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+        output_final_state=output_final_state, output_h=output_h, state_v_first=state_v_first)
+
+
 class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
     """Forward on our kernels; backward on `backward.chunk_gated_delta_rule_bwd` (recomputing h)."""
 
     @staticmethod
     def forward(ctx, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, state_v_first):
-        from .forward import chunk_gated_delta_rule_fwd
-
-        g_cumsum, A, o, _, final_state = chunk_gated_delta_rule_fwd(
+        g_cumsum, A, o, _, final_state = _forward(
             q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
             output_final_state=output_final_state, output_h=False, state_v_first=state_v_first,
         )

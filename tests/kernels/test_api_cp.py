@@ -1,0 +1,60 @@
+"""The public forward's intra-card CP switch (QLABENCH_CP), without a GPU: the kernels are stubbed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import qlabench.kernels as api
+from qlabench.kernels import cp_mode
+
+
+@pytest.fixture
+def stubs(monkeypatch):
+    calls = []
+    import qlabench.kernels.dispatch as dispatch
+    import qlabench.kernels.forward as forward
+    import qlabench.kernels.forward_cp as forward_cp
+
+    def plain(*args, **kw):
+        calls.append(("plain", kw))
+        return "plain"
+
+    def with_cp(*args, **kw):
+        calls.append(("cp", kw))
+        return "cp"
+
+    monkeypatch.setattr(forward, "chunk_gated_delta_rule_fwd", plain)
+    monkeypatch.setattr(forward_cp, "chunk_gated_delta_rule_fwd_cp", with_cp)
+    monkeypatch.setattr(forward, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(dispatch, "arch_for_device", lambda device: dispatch.arch_by_name("sm90"))
+    return calls
+
+
+def _call(T, H, cu=None, output_h=False):
+    x = torch.zeros(1, T, H, 128)
+    cu = None if cu is None else torch.tensor(cu, dtype=torch.int32)
+    return api._forward(x, x, x, x[..., 0], x[..., 0], scale=1.0, initial_state=None, cu_seqlens=cu,
+                        output_final_state=True, output_h=output_h, state_v_first=False)
+
+
+def test_auto_follows_the_plan(stubs, monkeypatch):
+    monkeypatch.delenv("QLABENCH_CP", raising=False)
+    assert _call(32768, 16) == "cp"  # one 32k sequence, 16 heads: CP on (cp.py's rule)
+    assert stubs[-1][1]["transition"] == "always" and stubs[-1][1]["plan"].enabled
+    assert _call(1024, 16, cu=list(range(0, 1025, 128))) == "plain"  # 2-chunk sequences: nothing to cut
+    assert _call(32768, 64) == "plain"  # 64 heads fill the GPU: CP off
+
+
+def test_off_and_on(stubs, monkeypatch):
+    monkeypatch.setenv("QLABENCH_CP", "off")
+    assert _call(32768, 16) == "plain"
+    monkeypatch.setenv("QLABENCH_CP", "on")
+    assert _call(32768, 64) == "cp"
+    assert _call(32768, 16, output_h=True) == "plain"  # per-chunk states come from the plain forward
+
+
+def test_bad_mode_names_the_value(monkeypatch):
+    monkeypatch.setenv("QLABENCH_CP", "yes")
+    with pytest.raises(ValueError, match="'yes'"):
+        cp_mode()
