@@ -4,11 +4,15 @@ Targets are always explicit dicts (never "auto"): TileLang's kernel cache key co
 text, and an explicit target lets every kernel compile on a machine without a GPU (`qlabench aot`).
 
 `kernel_factory(arch, role)` is the one place that maps an architecture to the file of each kernel
-(`KERNEL_MODULES`); forward.py, backward.py and aot.py ask it. sm100 and sm120 have no kernel files of
-their own yet: they compile the Hopper files for their own target with their own chunk size. There a
-plain `T.gemm` lowers to mma.sync (checked in the generated PTX: `mma.sync.aligned.m16n8k16` and TMA,
-no wgmma, no tcgen05/UTCHMMA), so the sm100 path does NOT use the Blackwell tensor-memory MMAs. An
-arch-specific file replaces a Hopper one by changing its row of `KERNEL_MODULES`.
+(`KERNEL_MODULES`); forward.py, backward.py and aot.py ask it. An arch-specific file replaces a Hopper
+one by changing its row of `KERNEL_MODULES`:
+  * sm100 / sm103: the forward (kkt_solve, chunk_fwd, chunk_fwd_pipelined) comes from blackwell/, whose
+    products are tcgen05 MMAs into tensor memory (UTCHMMA in the SASS; the kkt_solve inverse's 32-row
+    tf32 products stay mma.sync). The backward still compiles the Hopper files for sm_100a, where a
+    plain `T.gemm` lowers to mma.sync (`mma.sync.aligned.m16n8k16` + TMA, no tcgen05).
+  * sm120 / sm121: blackwell_sm120/ re-exports the Hopper forward files compiled for sm_120a at C = 32
+    (mma.sync + TMA: sm120 has neither wgmma nor tcgen05) and checks that each compiled kernel fits
+    the 99 KB of shared memory per block; no backward (NotImplementedError).
 """
 
 from __future__ import annotations
@@ -53,12 +57,23 @@ _HOPPER_BACKWARD = {
     "bwd_state": "hopper.bwd_state:bwd_state_kernel",
     "bwd_intra": "hopper.bwd_intra:bwd_intra_kernel",
 }
+_SM100_FORWARD = {
+    "kkt_solve": "blackwell.kkt_solve:kkt_solve_kernel",
+    "chunk_fwd": "blackwell.chunk_fwd:chunk_fwd_kernel",
+    "chunk_fwd_pipelined": "blackwell.chunk_fwd:chunk_fwd_pipelined_kernel",
+}
+_SM120_FORWARD = {
+    "kkt_solve": "blackwell_sm120.kkt_solve:kkt_solve_kernel",
+    "chunk_fwd": "blackwell_sm120.chunk_fwd:chunk_fwd_kernel",
+    "chunk_fwd_pipelined": "blackwell_sm120.chunk_fwd:chunk_fwd_pipelined_kernel",
+}
 FORWARD_ROLES = tuple(_HOPPER_FORWARD)
 BACKWARD_ROLES = tuple(_HOPPER_BACKWARD)
 KERNEL_MODULES: dict[str, dict[str, str]] = {
     "sm90": {**_HOPPER_FORWARD, **_HOPPER_BACKWARD},  # verified on an H200
-    "sm100": {**_HOPPER_FORWARD, **_HOPPER_BACKWARD},  # Hopper files for sm_100a (mma.sync); compiled only
-    "sm120": dict(_HOPPER_FORWARD),  # Hopper files for sm_120a, C = 32 (mma.sync); compiled only; no backward
+    # forward: tcgen05 + tensor memory (blackwell/); backward: Hopper files for sm_100a (mma.sync); compiled only
+    "sm100": {**_SM100_FORWARD, **_HOPPER_BACKWARD},
+    "sm120": dict(_SM120_FORWARD),  # Hopper forward for sm_120a, C = 32, smem-checked; compiled only; no backward
 }
 
 

@@ -1,12 +1,20 @@
 """`qlabench aot --arch sm100 / sm120` compile the forward kernels on a machine without a GPU (about
-40-55 s each on 2 cores with a cold cache), and the generated CUDA says what they are: the Hopper
-files compiled for sm_100a / sm_120a use mma.sync (plus TMA in the pipelined recurrence), NOT the
-Blackwell tcgen05 / tensor-memory MMAs, and sm120's kernels fit its ~99 KB of shared memory per block.
+40-70 s each on 2 cores with a cold cache), and the generated code says what they are:
+  * sm100: blackwell/ kkt_solve, chunk_fwd and chunk_fwd_pipelined issue tcgen05 MMAs into tensor
+    memory (tcgen05.mma + tcgen05.commit to mbarriers + tcgen05.ld; UTCHMMA and LDTM in the SASS when
+    cuobjdump is installed); the recurrence has no mma.sync left, kkt_solve keeps mma.sync only for
+    the inverse's 32-row tf32 products; no Hopper wgmma anywhere.
+  * sm120: the Hopper files for sm_120a at C = 32 use mma.sync (plus TMA in the pipelined
+    recurrence), no wgmma / tcgen05, and fit sm120's ~99 KB of shared memory per block.
 Nothing here has run on Blackwell hardware."""
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import subprocess
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -16,6 +24,7 @@ from qlabench.cli import main
 
 SM120_SMEM_PER_BLOCK = 101376  # bytes of shared memory one block may opt into on sm_120 (99 KB)
 FORWARD = ("chunk_local_cumsum", "kkt_solve", "chunk_fwd", "chunk_fwd_pipelined")
+TCGEN05 = ("kkt_solve", "chunk_fwd", "chunk_fwd_pipelined")  # sm100 kernels with tensor-memory MMAs
 
 
 def _kernels(cache: Path) -> dict[str, list[dict]]:
@@ -33,27 +42,36 @@ def _kernels(cache: Path) -> dict[str, list[dict]]:
     return out
 
 
-def _aot(tmp_path, monkeypatch, arch: str, *extra: str):
-    cache = tmp_path / "cache"
-    monkeypatch.setenv("TILELANG_CACHE_DIR", str(cache))  # restored after the test
-    result = CliRunner().invoke(main, ["aot", "--arch", arch, "--cfg", "hk1_hv2", "--state-layout", "kv",
-                                       "--cache-dir", str(cache), *extra])
-    assert result.exit_code == 0, result.output
+_RUNS: dict[str, tuple] = {}
+
+
+@pytest.fixture
+def aot_run(tmp_path_factory):
+    """(CLI result, kernels, cache dir) of one `qlabench aot` per arch, shared by this module's tests."""
+    def run(arch: str):
+        if arch not in _RUNS:
+            cache = tmp_path_factory.mktemp(f"aot_{arch}") / "cache"
+            extra = ["--no-backward"] if arch == "sm100" else []  # sm100's backward takes ~2 min more
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setenv("TILELANG_CACHE_DIR", str(cache))
+                result = CliRunner().invoke(main, ["aot", "--arch", arch, "--cfg", "hk1_hv2", "--state-layout", "kv",
+                                                   "--cache-dir", str(cache), *extra])
+            assert result.exit_code == 0, result.output
+            _RUNS[arch] = (result, _kernels(cache), cache)
+        return _RUNS[arch]
+    return run
+
+
+@pytest.mark.parametrize("arch", ["sm100", "sm120"])
+def test_aot_blackwell_forward(aot_run, arch):
+    """sm100 forward only; sm120 as CI runs it: no backward exists, and aot says it skipped it."""
+    result, kernels, cache = aot_run(arch)
     lines = [line.split()[0] for line in result.output.splitlines() if line.startswith("  ")]
     assert lines.count("chunk_fwd") == 2 and lines.count("chunk_fwd_pipelined") == 2, result.output  # BV 32, 64
     assert {"chunk_local_cumsum", "kkt_solve"} <= set(lines), result.output
     assert "kernels compiled" in result.output.splitlines()[-1]
     assert any(cache.rglob("*.cubin")), "no cubin written into the cache directory"
-    kernels = _kernels(cache)
     assert set(kernels) == set(FORWARD), sorted(kernels)
-    return result, kernels
-
-
-@pytest.mark.parametrize("arch,extra", [("sm100", ["--no-backward"]), ("sm120", [])])
-def test_aot_blackwell_forward(tmp_path, monkeypatch, arch, extra):
-    """sm100 forward only (its backward takes ~2 min more); sm120 as CI runs it: no backward exists,
-    and aot says it skipped it."""
-    result, kernels = _aot(tmp_path, monkeypatch, arch, *extra)
     if arch == "sm120":
         assert "skipped: backward: not available for sm120" in result.output
     else:
@@ -61,11 +79,78 @@ def test_aot_blackwell_forward(tmp_path, monkeypatch, arch, extra):
     for name, builds in kernels.items():
         for k in builds:
             src = k["src"]
-            # no Hopper wgmma and no Blackwell tcgen05 / tensor memory: every GEMM is mma.sync
-            assert "wgmma" not in src and "tcgen05" not in src and "tmem" not in src.lower(), name
-            if name != "chunk_local_cumsum":
-                assert "tl::mma_sync" in src, f"{name}: no mma.sync"
+            assert "wgmma" not in src, name
+            if arch == "sm100" and name in TCGEN05:
+                # tcgen05.mma issued into tensor memory, completion via tcgen05.commit -> mbarrier,
+                # accumulators read back with tcgen05.ld
+                for needle in ("tl::tcgen05mma", "tl::tcgen05_mma_arrive", "tl::tcgen05_ld_", "tl::tmem_allocate"):
+                    assert needle in src, f"{name}: no {needle}"
+                # the recurrence is tcgen05 only; kkt_solve keeps mma.sync for the inverse's 32-row products
+                assert ("tl::mma_sync" in src) == (name == "kkt_solve"), name
+            else:
+                assert "tcgen05" not in src and "tmem" not in src.lower(), name
+                if name != "chunk_local_cumsum":
+                    assert "tl::mma_sync" in src, f"{name}: no mma.sync"
             if name == "chunk_fwd_pipelined":
                 assert "tma_load" in src, f"{name}: no TMA loads"
             if arch == "sm120":
                 assert k["smem"] <= SM120_SMEM_PER_BLOCK, f"{name}: {k['smem']} B of shared memory"
+
+
+def _cuobjdump() -> str | None:
+    """cuobjdump with nvdisasm next to it (PATH, CUDA_HOME, or the nvidia-cuda-cuobjdump wheel)."""
+    candidates = [shutil.which("cuobjdump")]
+    if os.environ.get("CUDA_HOME"):
+        candidates.append(str(Path(os.environ["CUDA_HOME"]) / "bin" / "cuobjdump"))
+    try:
+        import nvidia
+
+        candidates += [str(Path(p) / "cu13" / "bin" / "cuobjdump") for p in nvidia.__path__]
+    except ImportError:
+        pass
+    for c in candidates:
+        if c and Path(c).is_file() and ((Path(c).parent / "nvdisasm").is_file() or shutil.which("nvdisasm")):
+            return c
+    return None
+
+
+def test_sm100_sass_has_utchmma(aot_run):
+    """The SASS of the sm100 tcgen05 kernels holds UTCHMMA (tensor-memory MMA) and LDTM (tensor-memory
+    load); the recurrence holds no HMMA (mma.sync). Needs cuobjdump + nvdisasm (pip
+    nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm); skipped without them."""
+    tool = _cuobjdump()
+    if tool is None:
+        pytest.skip("cuobjdump / nvdisasm not installed")
+    _, _, cache = aot_run("sm100")
+    env = {**os.environ, "PATH": os.pathsep.join([str(Path(tool).parent), os.environ.get("PATH", "")])}
+    ops: dict[str, Counter] = {}
+    for cubin in cache.rglob("*.cubin"):
+        sass = subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True, env=env, check=True,
+                              timeout=120).stdout
+        name = re.search(r"Function : (\w+)_kernel", sass).group(1)
+        ops.setdefault(name, Counter()).update(m.split(".")[0] for m in re.findall(r"\b(?:UTCHMMA|LDTM|HMMA)\S*", sass))
+    assert set(TCGEN05) <= set(ops), sorted(ops)
+    for name in TCGEN05:
+        assert ops[name]["UTCHMMA"] > 0 and ops[name]["LDTM"] > 0, (name, ops[name])
+        assert (ops[name]["HMMA"] > 0) == (name == "kkt_solve"), (name, ops[name])
+
+
+def test_sm120_shared_memory_check():
+    """blackwell_sm120 reads the launch's dynamic shared memory from the host code and refuses a kernel
+    over sm120's 99 KB per block."""
+    from qlabench.kernels.blackwell_sm120 import SMEM_PER_BLOCK, check_shared_memory, dynamic_shared_memory
+
+    class Fake:
+        def __init__(self, smem):
+            self.host = ("  ((int64_t*)stack_ffi_any)[3].v_int64) = ((int64_t)1);\n"
+                         f"  (((TVMFFIAny*)stack_ffi_any)[3].v_int64) = ((int64_t){smem});\n"
+                         "  if (TVMFFIFunctionCall(demo_kernel_packed, (TVMFFIAny*) stack_ffi_any, 4, &r) != 0) {\n")
+
+        def get_host_source(self):
+            return self.host
+
+    assert SMEM_PER_BLOCK == SM120_SMEM_PER_BLOCK
+    ok = Fake(SMEM_PER_BLOCK)
+    assert dynamic_shared_memory(ok) == SMEM_PER_BLOCK and check_shared_memory(ok, "demo") is ok
+    with pytest.raises(ValueError, match=r"demo needs 101377 B of shared memory per block; sm120 allows 101376 B"):
+        check_shared_memory(Fake(SMEM_PER_BLOCK + 1), "demo")

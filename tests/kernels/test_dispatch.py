@@ -75,10 +75,15 @@ def _mock_gpu(monkeypatch, cc):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: cc)
 
 
-# (capability, arch, chunk, target, module of each forward kernel). sm100 / sm120 have no files of their
-# own yet: they compile the Hopper files for their own target (mma.sync there, see dispatch.py).
-FORWARD_FILES = {"kkt_solve": "hopper.kkt_solve", "chunk_fwd": "hopper.chunk_fwd",
-                 "chunk_fwd_pipelined": "hopper.chunk_fwd"}
+# module of each forward kernel per arch: sm100 has its own tcgen05 files (blackwell/), sm120 its
+# shared-memory-checked re-exports of the Hopper files (blackwell_sm120/)
+FORWARD_FILES = {
+    "sm90": {"kkt_solve": "hopper.kkt_solve", "chunk_fwd": "hopper.chunk_fwd", "chunk_fwd_pipelined": "hopper.chunk_fwd"},
+    "sm100": {"kkt_solve": "blackwell.kkt_solve", "chunk_fwd": "blackwell.chunk_fwd",
+              "chunk_fwd_pipelined": "blackwell.chunk_fwd"},
+    "sm120": {"kkt_solve": "blackwell_sm120.kkt_solve", "chunk_fwd": "blackwell_sm120.chunk_fwd",
+              "chunk_fwd_pipelined": "blackwell_sm120.chunk_fwd"},
+}
 
 
 @pytest.mark.parametrize("cc,name,chunk,target", [
@@ -97,7 +102,7 @@ def test_mocked_device_gets_its_kernels(monkeypatch, cc, name, chunk, target):
     arch = arch_for_device("cuda:0")
     assert (arch.name, arch.chunk_size, arch.target["arch"]) == (name, chunk, target)
     assert kernels_available() == (True, "")
-    for role, module in FORWARD_FILES.items():
+    for role, module in FORWARD_FILES[name].items():
         factory = kernel_factory(arch, role)
         assert factory.__module__ == f"qlabench.kernels.{module}", role
         assert factory.__wrapped__.__name__ == f"{role}_kernel"

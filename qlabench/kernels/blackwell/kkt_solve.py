@@ -1,0 +1,154 @@
+"""kkt_solve for sm100 / sm103: the two C x C x 128 products on tcgen05 into tensor memory.
+
+Same mathematics, inputs and outputs as hopper/kkt_solve.py (see its header); per (chunk, v-head):
+    A_k = (I + strict_lower(diag(beta) K K^T))^{-1}
+    Ag  = Gam .* A_k .* beta_col
+    Pm  = scale Gam .* Q K^T
+What differs on sm100:
+  * K K^T and Q K^T (C x C x 128, bf16 operands in shared memory, fp32 accumulate) are issued with
+    ``T.tcgen05_gemm`` into two C x C fp32 tensor-memory accumulators (C columns each). Each product
+    posts completion to its own mbarrier; the block waits on both (parity 0: one use per block), then
+    copies the accumulators tensor memory -> registers (tcgen05.ld) for the elementwise work.
+  * The blockwise inverse stays as in Hopper: 16 x 16 diagonal blocks by forward substitution on CUDA
+    cores, the 16 -> 32 merge on CUDA cores, the 32 -> 64 merge as two 32 x 32 x 32 fp32 (tf32)
+    products with ``T.gemm`` into registers (mma.sync on sm_100a): tcgen05 tiles start at M = 64, and
+    these products are 32 rows high.
+Grid: (NCmax chunks, H_v); blocks past the real chunk count exit. Threads: 128 (one warpgroup: a
+64-row tcgen05 accumulator is read back by the four warps of one warpgroup).
+Tensor memory: 2 x C fp32 columns (128 of 512 at C = 64).
+
+tcgen05 evidence (TileLang 0.1.15, nvcc 13.0, target sm_100a, compiled on a CPU-only machine; never
+run on hardware): the generated CUDA calls ``tl::tcgen05mma_ss`` (inline PTX ``tcgen05.mma.cta_group::1
+.kind::f16``) twice per K step group, ``tcgen05.commit`` to the mbarriers and ``tcgen05.ld`` for the
+read-back; cuobjdump -sass of the cubin shows UTCHMMA (see tests/kernels/test_blackwell_kernels.py,
+which re-checks the source on every CI run).
+"""
+
+import functools
+
+import tilelang.language as T
+
+from ..common.build import compile_for
+
+
+@functools.cache
+def kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str):
+    group = h_v // h_qk
+    DIAG = 16
+    THREADS = 128
+    if C != 4 * DIAG:
+        raise ValueError(f"the sm100 kkt_solve is written for chunk size 64, got {C}")
+    n_tok = T.dynamic("n_tok")
+    n_chunks = T.dynamic("n_chunks")
+
+    @T.macro
+    def merge_16_to_32(L_s, X_s, M_s, tx):
+        """X21 = -X22 (L21 X11) for the two pairs of 16 x 16 diagonal blocks, on CUDA cores."""
+        sz = DIAG
+        n_elem = (C // (2 * sz)) * sz * sz
+        acc = T.alloc_var("float32")
+        for e in T.serial(n_elem // THREADS):
+            idx = e * THREADS + tx
+            pair = idx // (sz * sz)
+            r = (idx // sz) % sz
+            cc = idx % sz
+            top = 2 * pair * sz
+            acc = 0.0
+            for kk in T.unroll(sz):
+                acc = acc + L_s[top + sz + r, top + kk] * X_s[top + kk, top + cc]
+            M_s[pair * sz + r, cc] = acc
+        T.sync_threads()
+        for e in T.serial(n_elem // THREADS):
+            idx = e * THREADS + tx
+            pair = idx // (sz * sz)
+            r = (idx // sz) % sz
+            cc = idx % sz
+            top = 2 * pair * sz
+            acc = 0.0
+            for kk in T.unroll(sz):
+                acc = acc + X_s[top + sz + r, top + sz + kk] * M_s[pair * sz + kk, cc]
+            X_s[top + sz + r, top + cc] = -acc
+        T.sync_threads()
+
+    @T.prim_func
+    def kkt_solve(
+        q: T.Tensor((n_tok, h_qk, K), dtype),
+        k: T.Tensor((n_tok, h_qk, K), dtype),
+        g_cumsum: T.Tensor((n_tok, h_v), "float32"),
+        beta: T.Tensor((n_tok, h_v), "float32"),
+        chunk_bounds: T.Tensor((n_chunks, 2), "int32"),
+        A: T.Tensor((n_tok, h_v, C), dtype),
+        Ag: T.Tensor((n_tok, h_v, C), dtype),
+        Pm: T.Tensor((n_tok, h_v, C), dtype),
+        scale: T.float32,
+    ):
+        with T.Kernel(n_chunks, h_v, threads=THREADS) as (c, h):
+            K_s = T.alloc_shared((C, K), dtype)
+            Q_s = T.alloc_shared((C, K), dtype)
+            b_s = T.alloc_shared((C,), "float32")
+            gam_s = T.alloc_shared((C,), "float32")
+            L_s = T.alloc_shared((C, C), "float32")
+            X_s = T.alloc_shared((C, C), "float32")
+            M_s = T.alloc_shared((C // 2, C // 2), "float32")
+            kkt_t = T.alloc_tmem((C, C), "float32")
+            qkt_t = T.alloc_tmem((C, C), "float32")
+            kkt = T.alloc_fragment((C, C), "float32")
+            qkt = T.alloc_fragment((C, C), "float32")
+            M_f = T.alloc_fragment((C // 2, C // 2), "float32")
+            done = T.alloc_barrier([1, 1])  # K K^T, Q K^T complete
+            acc = T.alloc_var("float32")
+            tx = T.get_thread_binding()
+            start = chunk_bounds[c, 0]
+            end = chunk_bounds[c, 1]
+            hk = h // group
+            if end > start:
+                for i, d in T.Parallel(C, K):
+                    K_s[i, d] = T.if_then_else(start + i < end, k[start + i, hk, d], T.cast(0, dtype))
+                    Q_s[i, d] = T.if_then_else(start + i < end, q[start + i, hk, d], T.cast(0, dtype))
+                for i in T.Parallel(C):
+                    b_s[i] = T.if_then_else(start + i < end, beta[start + i, h], 0.0)
+                    gam_s[i] = g_cumsum[T.min(start + i, end - 1), h]
+                # generic-proxy stores above -> async-proxy (tensor core) reads below
+                T.fence_proxy_async()
+                T.sync_threads()
+                T.tcgen05_gemm(K_s, K_s, kkt_t, transpose_B=True, clear_accum=True, mbar=done[0])
+                T.tcgen05_gemm(Q_s, K_s, qkt_t, transpose_B=True, clear_accum=True, mbar=done[1])
+                T.mbarrier_wait_parity(done[1], 0)
+                T.tcgen05_after_thread_sync()
+                T.copy(qkt_t, qkt)
+                for i, j in T.Parallel(C, C):
+                    if start + i < end:
+                        Pm[start + i, h, j] = T.if_then_else(
+                            j <= i, T.cast(scale * T.exp(gam_s[i] - gam_s[j]) * qkt[i, j], dtype), T.cast(0, dtype))
+                T.mbarrier_wait_parity(done[0], 0)
+                T.tcgen05_after_thread_sync()
+                T.copy(kkt_t, kkt)
+                for i, j in T.Parallel(C, C):
+                    L_s[i, j] = T.if_then_else(j < i, b_s[i] * kkt[i, j], 0.0)
+                    X_s[i, j] = 0.0
+                T.sync_threads()
+                # 16 x 16 diagonal blocks: forward substitution, one thread per (block, column)
+                if tx < C:
+                    b0 = (tx // DIAG) * DIAG
+                    col = tx % DIAG
+                    for i in T.serial(DIAG):
+                        acc = T.if_then_else(i == col, 1.0, 0.0)
+                        for j in T.serial(i):
+                            acc = acc - L_s[b0 + i, b0 + j] * X_s[b0 + j, b0 + col]
+                        X_s[b0 + i, b0 + col] = acc
+                T.sync_threads()
+                merge_16_to_32(L_s, X_s, M_s, tx)
+                # 32 -> 64: X21 = -X22 (L21 X11), two 32 x 32 x 32 fp32 products (mma.sync, tf32)
+                T.gemm(L_s[2 * DIAG:C, 0:2 * DIAG], X_s[0:2 * DIAG, 0:2 * DIAG], M_f, clear_accum=True)
+                T.copy(M_f, M_s)
+                T.gemm(X_s[2 * DIAG:C, 2 * DIAG:C], M_s, M_f, clear_accum=True)
+                for i, j in T.Parallel(2 * DIAG, 2 * DIAG):
+                    X_s[2 * DIAG + i, j] = -M_f[i, j]
+                T.sync_threads()
+                for i, j in T.Parallel(C, C):
+                    if start + i < end:
+                        A[start + i, h, j] = T.cast(X_s[i, j], dtype)
+                        Ag[start + i, h, j] = T.if_then_else(
+                            j <= i, T.cast(T.exp(gam_s[i] - gam_s[j]) * X_s[i, j] * b_s[j], dtype), T.cast(0, dtype))
+
+    return compile_for(kkt_solve, arch)
