@@ -33,17 +33,34 @@ How it maps onto sm100:
 Two variants of one loop (``pipelined``), as on Hopper: pipelined = ``T.Pipelined(num_stages=2)``,
 whose automatic producer warpgroup loads Q, K, V, Ag, Pm of chunk c + 1 with TMA while chunk c
 computes (tcgen05 issue and TMEM read-back stay in the consumer warpgroups); plain = loads in line.
+V tiles narrower than 64 (BV = 32, which forward.py picks for small grids): TileLang 0.1.15 offers
+64-row tcgen05 atoms only for N >= 64, so such a block computes a 64-column window of V that lies in
+[0, V) and contains its own BV columns (window start min(iv BV, V - 64)), and stores only its own
+columns of o, h and the final state. Columns are independent, so the result is exact; the cost is
+twice the tensor-core work per block on grids that are small anyway.
 Grid: (V / BV, N * H_v). Threads: 128 (one warpgroup: it issues the MMAs from one elected thread of
 its first warp and reads the accumulators back from tensor memory, lanes split by warp) + 128 producer
 threads in the pipelined variant.
-Tensor memory: five fp32 accumulators; TileLang allocates columns per buffer (at most 5 x 64 of 512).
+Tensor memory: five fp32 accumulators; TileLang allocates the columns per buffer (BV <= 64: 64 for
+K^T Vr + 4 x 32 for the 64-row ones; BV = 128: 128 + 4 x 64 = 384 of 512).
+Shared memory per block as compiled (dynamic, from the generated host code): plain 98,560 B at
+BV <= 64, 147,712 B at BV = 128; pipelined (double-buffered Q, K, V, Ag, Pm) 156,672 B at BV <= 64,
+214,016 B at BV = 128 (sm100 allows 232,448 B), so one pipelined block per SM.
 Chunk skip (``has_skip`` != 0, for the CP warm-up of forward_cp.py): as on Hopper (see its header).
 
 tcgen05 evidence (TileLang 0.1.15, nvcc 13.0, target sm_100a, compiled on a CPU-only machine, never
-run on Blackwell hardware): the generated CUDA issues ``tl::tcgen05mma_*`` (tcgen05.mma) for all five
-products, ``tl::tcgen05_mma_arrive`` (tcgen05.commit) to the mbarriers, and ``tl::tcgen05_ld_*``
-(tcgen05.ld) for the read-backs; no ``mma_sync`` and no wgmma; cuobjdump -sass of the cubin shows
-UTCHMMA and LDTM. tests/kernels/test_blackwell_kernels.py re-checks the source on every CI run.
+run on Blackwell hardware):
+  * generated CUDA (``kernel.get_kernel_source()``): ``tl::tcgen05mma_ws_ss`` (64-row products) and
+    ``tl::tcgen05mma_ss`` (the 128-row K^T Vr) = tcgen05.mma.cta_group::1.kind::f16 for all five
+    products, ``tl::tcgen05_mma_arrive`` (tcgen05.commit -> mbarrier) after each, ``tl::tcgen05_ld_
+    32dp32bNx`` (tcgen05.ld) for the five read-backs, ``tl::tmem_allocate`` / ``tmem_deallocate``; no
+    ``mma_sync`` and no wgmma. The pipelined variant's producer issues ``tl::tma_load``.
+  * SASS (cuobjdump -sass of the cubin in the TileLang cache), hk1_hv2 bf16 BV = 64, K-V state layout:
+    pipelined 48 UTCHMMA.WS + 8 UTCHMMA, 5 LDTM, 6 UTCBAR, 7 UTMALDG.3D, no HMMA; plain 40 UTCHMMA.WS
+    + 4 UTCHMMA, 5 LDTM, no HMMA. (The Hopper file compiled for sm_100a instead: 28-56 HMMA.16816, no
+    UTCHMMA.)
+  * tests/kernels/test_aot_blackwell.py re-checks the source on every CI run, and the SASS where
+    cuobjdump + nvdisasm are installed.
 """
 
 import functools

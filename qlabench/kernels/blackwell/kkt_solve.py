@@ -15,13 +15,19 @@ What differs on sm100:
     these products are 32 rows high.
 Grid: (NCmax chunks, H_v); blocks past the real chunk count exit. Threads: 128 (one warpgroup: a
 64-row tcgen05 accumulator is read back by the four warps of one warpgroup).
-Tensor memory: 2 x C fp32 columns (128 of 512 at C = 64).
+Tensor memory: two 32-column allocations (a 64 x 64 fp32 accumulator of the 64-row weight-stationary
+atom spans 128 lanes x 32 columns).
+
+Shared memory per block as compiled: 37,376 B (TileLang overlaps buffers by lifetime).
 
 tcgen05 evidence (TileLang 0.1.15, nvcc 13.0, target sm_100a, compiled on a CPU-only machine; never
-run on hardware): the generated CUDA calls ``tl::tcgen05mma_ss`` (inline PTX ``tcgen05.mma.cta_group::1
-.kind::f16``) twice per K step group, ``tcgen05.commit`` to the mbarriers and ``tcgen05.ld`` for the
-read-back; cuobjdump -sass of the cubin shows UTCHMMA (see tests/kernels/test_blackwell_kernels.py,
-which re-checks the source on every CI run).
+run on hardware): the generated CUDA calls ``tl::tcgen05mma_ws_ss`` (tcgen05.mma.cta_group::1
+.kind::f16, 64-row weight-stationary atoms) for K K^T and Q K^T, ``tl::tcgen05_mma_arrive``
+(tcgen05.commit) to the two mbarriers and ``tl::tcgen05_ld_32dp32bNx`` (tcgen05.ld) for the
+read-back; ``tl::mma_sync`` remains only in the tf32 inverse merge. SASS (cuobjdump -sass, hk1_hv2
+bf16): 32 UTCHMMA.WS, 2 LDTM, 3 UTCBAR, 16 HMMA.1688.F32.TF32 (the merge); the Hopper file compiled
+for sm_100a has 32 HMMA.16816.F32.BF16 instead. tests/kernels/test_aot_blackwell.py re-checks the
+source on every CI run, and the SASS where cuobjdump + nvdisasm are installed.
 """
 
 import functools
