@@ -36,11 +36,19 @@ CP_MODES = ("auto", "on", "off")
 
 
 def cp_mode() -> str:
-    """Intra-card CP switch of the forward, from QLABENCH_CP: auto (the plan's enable rule, cp.py),
-    on (always plan pieces) or off."""
+    """Intra-card CP switch of the forward, from QLABENCH_CP: off (the default), auto (the plan's
+    enable rule, cp.py) or on (always plan pieces).
+
+    Off by default because it does not pay yet: on the H200 (results/h200/2026-11-29_8e6cbaf/
+    fwd-variants-cp.log) the CP forward is correct on every GPU test but, where cp.py's rule turns it
+    on, faster only for few heads (1x32768 hk2_hv8: 1.11 vs 1.24 ms), equal at hk16_hv16 1x32768
+    (1.39 ms) and slower elsewhere (hk16_hv48 1x32768: 3.57 vs 3.05 ms; hk16_hv16 1x8192: 0.59 vs
+    0.44 ms): its fallback heads still run whole pieces twice, and the correction adds ~0.2 ms of
+    small launches.
+    """
     import os
 
-    mode = os.environ.get("QLABENCH_CP", "auto")
+    mode = os.environ.get("QLABENCH_CP", "off")
     if mode not in CP_MODES:
         raise ValueError(f"QLABENCH_CP must be one of {', '.join(CP_MODES)}, got {mode!r}")
     return mode

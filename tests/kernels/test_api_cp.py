@@ -38,8 +38,14 @@ def _call(T, H, cu=None, output_h=False):
                         output_final_state=True, output_h=output_h, state_v_first=False)
 
 
-def test_auto_follows_the_plan(stubs, monkeypatch):
+def test_off_by_default(stubs, monkeypatch):
     monkeypatch.delenv("QLABENCH_CP", raising=False)
+    assert cp_mode() == "off"
+    assert _call(32768, 16) == "plain"
+
+
+def test_auto_follows_the_plan(stubs, monkeypatch):
+    monkeypatch.setenv("QLABENCH_CP", "auto")
     assert _call(32768, 16) == "cp"  # one 32k sequence, 16 heads: CP on (cp.py's rule)
     assert stubs[-1][1]["transition"] == "always" and stubs[-1][1]["plan"].enabled
     assert _call(1024, 16, cu=list(range(0, 1025, 128))) == "plain"  # 2-chunk sequences: nothing to cut

@@ -169,8 +169,9 @@ def test_chunk_skip_matches_the_twin(variant, state_v_first):
     o1, o2 = (torch.empty(T, H, 128, dtype=torch.bfloat16, device=dev) for _ in range(2))
     ht1, ht2 = (torch.empty(4, H, 128, 128, device=dev) for _ in range(2))
     common = (q2, k2, v2, gc, Ag, Pm, cu_t, table.chunk_offsets)
-    kernel(*common, torch.full((1, H), 9, dtype=torch.int32, device=dev), h0, o1, ht1, h, scale, 1, 1, 0, 0)
-    kernel(*common, torch.zeros(4, H, dtype=torch.int32, device=dev), h0, o2, ht2, h, scale, 1, 1, 0, 1)
+    h_unused = torch.empty(1, H, 128, 128, dtype=torch.bfloat16, device=dev)  # store_h = 0
+    kernel(*common, torch.full((1, H), 9, dtype=torch.int32, device=dev), h0, o1, ht1, h_unused, scale, 1, 1, 0, 0)
+    kernel(*common, torch.zeros(4, H, dtype=torch.int32, device=dev), h0, o2, ht2, h_unused, scale, 1, 1, 0, 1)
     assert torch.equal(o1, o2) and torch.equal(ht1, ht2)
 
 

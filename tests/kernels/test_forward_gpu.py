@@ -34,7 +34,12 @@ def _check_forward(inp, T, check_h=True):
         flat = (lambda x: x.reshape(-1, *x.shape[2:])[:end])
         errs["g_cumsum"] = rel_l2(flat(g_cumsum), flat(ref.g_cumsum))
         errs["A"] = rel_l2(flat(A), flat(ref.A))
-        assert torch.equal(o2, o), "output differs between the two entry points"
+        from qlabench.kernels import cp_mode
+
+        if cp_mode() == "off":  # the API runs the same kernels: bit-identical
+            assert torch.equal(o2, o), "output differs between the two entry points"
+        else:  # the API may take the CP forward (another summation order): both against the reference
+            errs["o_low_level"] = rel_l2(o2, ref.o)
     if "cu_seqlens" in inp:
         end = int(inp["cu_seqlens"][-1])
         tail = o.reshape(-1, *o.shape[2:])[end:]
