@@ -285,10 +285,16 @@ def header_lines(report: Report) -> list[str]:
     if versions:
         out.append("Library Versions:")
         out.append("  " + " | ".join(f"{k}: {v}" for k, v in versions.items() if v is not None))
-    if env.get("git_commit"):
-        out.append(f"Commit: {env['git_commit']}" + (" (dirty)" if env.get("git_dirty") else ""))
-    if len(report.collected.sources) > 1:
-        out.append("Files: " + ", ".join(report.collected.sources))
+    def commit_of(e: dict) -> str:
+        return f"{e.get('git_commit') or 'unknown'}" + (" (dirty)" if e.get("git_dirty") else "")
+
+    envs, sources = report.collected.envs, report.collected.sources
+    if len(sources) > 1 and len({commit_of(e) for e in envs}) > 1:  # each file at its own commit
+        out.append("Commits: " + ", ".join(f"{commit_of(e)} ({src})" for e, src in zip(envs, sources)))
+    elif env.get("git_commit"):
+        out.append(f"Commit: {commit_of(env)}")
+    if len(sources) > 1:
+        out.append("Files: " + ", ".join(sources))
     if report.peak is not None:
         p = report.peak
         out.append(f"Roofline: {p.name} {p.tflops:g} TFLOP/s bf16 dense, {p.tbps:g} TB/s ({p.source})")
