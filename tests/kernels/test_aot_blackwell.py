@@ -6,6 +6,9 @@
     the inverse's 32-row tf32 products; no Hopper wgmma anywhere.
   * sm120: the Hopper files for sm_120a at C = 32 use mma.sync (plus TMA in the pipelined
     recurrence), no wgmma / tcgen05, and fit sm120's ~99 KB of shared memory per block.
+  * sm100 backward: the two serial passes bwd_h and bwd_dh (blackwell/) are tcgen05 as well; the
+    other three backward kernels are the Hopper files (mma.sync); `qlabench aot --arch sm100` without
+    --no-backward compiles all five (about 2 min more, not run here).
 Nothing here has run on Blackwell hardware."""
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -122,13 +126,7 @@ def test_sm100_sass_has_utchmma(aot_run):
     if tool is None:
         pytest.skip("cuobjdump / nvdisasm not installed")
     _, _, cache = aot_run("sm100")
-    env = {**os.environ, "PATH": os.pathsep.join([str(Path(tool).parent), os.environ.get("PATH", "")])}
-    ops: dict[str, Counter] = {}
-    for cubin in cache.rglob("*.cubin"):
-        sass = subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True, env=env, check=True,
-                              timeout=120).stdout
-        name = re.search(r"Function : (\w+)_kernel", sass).group(1)
-        ops.setdefault(name, Counter()).update(m.split(".")[0] for m in re.findall(r"\b(?:UTCHMMA|LDTM|HMMA)\S*", sass))
+    ops = _sass_ops(tool, cache)
     assert set(TCGEN05) <= set(ops), sorted(ops)
     for name in TCGEN05:
         assert ops[name]["UTCHMMA"] > 0 and ops[name]["LDTM"] > 0, (name, ops[name])
@@ -154,3 +152,47 @@ def test_sm120_shared_memory_check():
     assert dynamic_shared_memory(ok) == SMEM_PER_BLOCK and check_shared_memory(ok, "demo") is ok
     with pytest.raises(ValueError, match=r"demo needs 101377 B of shared memory per block; sm120 allows 101376 B"):
         check_shared_memory(Fake(SMEM_PER_BLOCK + 1), "demo")
+
+
+def _sass_ops(tool: str, cache: Path) -> dict[str, Counter]:
+    """{kernel name: Counter of UTCHMMA / LDTM / HMMA} over the cubins of a TileLang cache directory."""
+    env = {**os.environ, "PATH": os.pathsep.join([str(Path(tool).parent), os.environ.get("PATH", "")])}
+    ops: dict[str, Counter] = {}
+    for cubin in cache.rglob("*.cubin"):
+        sass = subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True, env=env, check=True,
+                              timeout=120).stdout
+        name = re.search(r"Function : (\w+)_kernel", sass).group(1)
+        ops.setdefault(name, Counter()).update(m.split(".")[0] for m in re.findall(r"\b(?:UTCHMMA|LDTM|HMMA)\S*", sass))
+    return ops
+
+
+def test_sm100_backward_serial_passes_use_tcgen05(tmp_path):
+    """sm100's bwd_h and bwd_dh (blackwell/) compile for sm_100a with every product on tcgen05 (source:
+    tcgen05.mma + commit + tcgen05.ld, no mma.sync / wgmma; SASS: UTCHMMA + LDTM, no HMMA, where
+    cuobjdump is installed). Compiled in a fresh process so TileLang's in-memory kernel cache cannot
+    skip the cubins (about 25 s on 2 cores)."""
+    cache = tmp_path / "cache"
+    root = str(Path(__file__).resolve().parents[2])
+    code = ("from qlabench.kernels.dispatch import kernel_factory\n"
+            "for role in ('bwd_h', 'bwd_dh'):\n"
+            "    f = kernel_factory('sm100', role)\n"
+            "    assert f.__module__.startswith('qlabench.kernels.blackwell.'), f.__module__\n"
+            "    f(1, 2, 128, 128, 64, 64, 'bfloat16', 'sm100')\n")
+    env = {**os.environ, "TILELANG_CACHE_DIR": str(cache),
+           "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=900,
+                         check=False)
+    assert out.returncode == 0, out.stderr[-4000:]
+    kernels = _kernels(cache)
+    assert set(kernels) == {"bwd_h_pipelined", "bwd_dh_pipelined"}, sorted(kernels)
+    for name, (k,) in kernels.items():
+        src = k["src"]
+        for needle in ("tl::tcgen05mma", "tl::tcgen05_mma_arrive", "tl::tcgen05_ld_", "tl::tma_load"):
+            assert needle in src, f"{name}: no {needle}"
+        assert "tl::mma_sync" not in src and "wgmma" not in src, name
+    tool = _cuobjdump()
+    if tool is None:
+        return  # source checked; SASS needs cuobjdump + nvdisasm
+    ops = _sass_ops(tool, cache)
+    for name in kernels:
+        assert ops[name]["UTCHMMA"] > 0 and ops[name]["LDTM"] > 0 and ops[name]["HMMA"] == 0, (name, ops[name])
