@@ -20,11 +20,13 @@ sequence, or the padding tail) are kept out of the result by selects, never by m
   * pipelined (``chunk_fwd_pipelined``, the default for every grid): Q, K, V, Ag, Pm of chunk c + 1
     are loaded by TileLang's automatic producer warpgroup (TMA, 2-stage ring) while chunk c computes;
     one block per SM by its shared memory. ~1.9 us per chunk at BV = 32 on the H200.
-  * plain: no producer warpgroup, loads exposed every chunk, ~70 KB of shared memory, two blocks per
-    SM. Slower on every grid measured (results/h200/NOTES.md: 1x32768 hk16_hv64, 512 blocks: whole
-    forward 5.09 ms vs 3.60 ms pipelined); kept as the A/B baseline (QLABENCH_FWD_KERNEL=simple).
+  * plain: no producer warpgroup, loads exposed every chunk, 74 KB of shared memory; at 140
+    registers per thread it holds one block per SM all the same (ncu: 12.5% occupancy). Slower on
+    every grid measured (results/h200/NOTES.md: 1x32768 hk16_hv64, 512 blocks: whole forward 5.09 ms
+    vs 3.60 ms pipelined); kept as the A/B baseline (QLABENCH_FWD_KERNEL=simple).
 Grid: (V / BV, N * H_v). Threads: 256 (two warpgroups doing every step in order, splitting each GEMM
-along N and the elementwise work) + 128 producer threads in the pipelined variant.
+along N and the elementwise work) + TileLang's producer warps in the pipelined variant (512 threads per
+block as launched; ncu at 1x32768 hk16_hv16: 106 registers, 128 KB dynamic shared memory, 25% occupancy).
 GEMMs per chunk (wgmma, smem operands, fp32 accumulate): K S 64xBVx128, Ag W 64xBVx64,
 Q S 64xBVx128, Pm Vd 64xBVx64, K^T Vr 128xBVx64.
 Registers: S (K x BV fp32) stays in registers across chunks.
