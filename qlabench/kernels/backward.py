@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from .common.chunks import build_chunk_table, dense_cu_seqlens
+from .common.chunks import chunk_table
 from .dispatch import arch_by_name, arch_for_device, kernel_factory, require_backward
 from .validate import validate
 
@@ -168,8 +168,7 @@ def _bwd_impl(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens,
     g2 = g_cumsum.reshape(BT, H).contiguous()
     b2 = beta.reshape(BT, H).to(f32).contiguous()
     A2 = A.reshape(BT, H, C).contiguous()
-    cu = dense_cu_seqlens(p.B, p.T, dev) if cu_seqlens is None else cu_seqlens.to(dev, torch.int32)
-    table = build_chunk_table(cu, BT, C)
+    table = chunk_table(cu_seqlens, p.seq_bounds, p.B, p.T, C, dev)
     cu, offsets, bounds, ncmax = table.cu_seqlens, table.chunk_offsets, table.chunk_bounds, table.n_chunks_max
 
     def state_in(x):

@@ -85,7 +85,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .common.chunks import build_chunk_table, dense_cu_seqlens
+from .common.chunks import chunk_table
 from .cp import CPPlan, plan_cp
 from .forward_cp import ForwardKernels, check_cp_arguments, piece_initial_states
 
@@ -186,8 +186,7 @@ def _bwd_cp(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, s
     g2 = g_cumsum.reshape(BT, H).contiguous()
     b2 = beta.reshape(BT, H).to(f32).contiguous()
     A2 = A.reshape(BT, H, C).contiguous()
-    cu = dense_cu_seqlens(p.B, p.T, dev) if cu_seqlens is None else cu_seqlens.to(dev, torch.int32)
-    table = build_chunk_table(cu, BT, C)
+    table = chunk_table(cu_seqlens, p.seq_bounds, p.B, p.T, C, dev)
     cu, bounds, ncmax = table.cu_seqlens, table.chunk_bounds, table.n_chunks_max
 
     def kv(x, n):  # per-sequence (or per-piece) states in the kernels' [K, V] layout

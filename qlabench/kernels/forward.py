@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .common.chunks import build_chunk_table, dense_cu_seqlens
+from .common.chunks import chunk_table
 from .common.cumsum import chunk_local_cumsum
 from .dispatch import Arch, arch_for_device, kernel_factory
 from .validate import validate
@@ -51,8 +51,7 @@ def chunk_gated_delta_rule_fwd(
     v2 = v.reshape(BT, p.h_v, p.V).contiguous()
     g2 = g.reshape(BT, p.h_v).to(torch.float32).contiguous()
     beta2 = beta.reshape(BT, p.h_v).to(torch.float32).contiguous()
-    cu = dense_cu_seqlens(p.B, p.T, dev) if cu_seqlens is None else cu_seqlens.to(dev, torch.int32)
-    table = build_chunk_table(cu, BT, C)
+    table = chunk_table(cu_seqlens, p.seq_bounds, p.B, p.T, C, dev)
 
     g_cumsum = chunk_local_cumsum(g2, table, C, arch.name)
     A, Ag, Pm = (torch.empty(BT, p.h_v, C, dtype=q.dtype, device=dev) for _ in range(3))

@@ -72,7 +72,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .common.chunks import build_chunk_table, dense_cu_seqlens
+from .common.chunks import chunk_table
 from .common.cumsum import chunk_local_cumsum
 from .cp import CPPlan, plan_cp
 from .dispatch import arch_for_device, kernel_factory
@@ -166,8 +166,7 @@ def _fwd_cp(q, k, v, g, beta, p, initial_state, cu_seqlens, output_final_state, 
     v2 = v.reshape(BT, H, V).contiguous()
     g2 = g.reshape(BT, H).to(sdt).contiguous()
     beta2 = beta.reshape(BT, H).to(sdt).contiguous()
-    cu = dense_cu_seqlens(p.B, p.T, dev) if cu_seqlens is None else cu_seqlens.to(dev, torch.int32)
-    table = build_chunk_table(cu, BT, C)
+    table = chunk_table(cu_seqlens, p.seq_bounds, p.B, p.T, C, dev)
 
     # (a) cumsum + kkt_solve over the original sequences.
     g_cumsum = kernels.cumsum(g2, table, C, arch.name)

@@ -1,16 +1,28 @@
-"""Chunk tables built on the device from cu_seqlens, without a host sync (CUDA-graph safe).
+"""Chunk tables built on the device from cu_seqlens, without a host sync (CUDA-graph safe), and
+cached by the sequences' host bounds.
 
 Every sequence n of length L_n is cut into ceil(L_n / C) chunks; chunks of all sequences are
 numbered in order (chunk_offsets[n] = number of chunks before sequence n). Grids that run one block
 per chunk launch the upper bound ``max_chunks(T, N, C) = ceil(T / C) + N`` blocks; the table marks
 blocks beyond the real count with start == end == 0 and they exit at once.
+
+``chunk_table`` remembers the table of each (sequence bounds, T, C, device) it built (LRU, 64
+entries): every layer of a model step, and the backward of the same step, then launch no table
+kernels (~8 small ones otherwise). The bounds come from the validated host values of the call, so a
+changed cu_seqlens is a different key. Entries looked up during a CUDA-graph capture are pinned
+(never evicted), since the captured kernels keep reading their tensors.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
+
+_TABLES: OrderedDict = OrderedDict()
+_PINNED: set = set()
+MAX_TABLES = 64
 
 
 def dense_cu_seqlens(B: int, T: int, device) -> torch.Tensor:
@@ -58,3 +70,26 @@ def build_chunk_table(cu_seqlens: torch.Tensor, T: int, C: int) -> ChunkTable:
     end = torch.where(valid, end, 0)
     bounds = torch.stack([start, end], 1).to(torch.int32).contiguous()
     return ChunkTable(cu.to(torch.int32).contiguous(), offsets.to(torch.int32).contiguous(), bounds, ncmax)
+
+
+def chunk_table(cu_seqlens: torch.Tensor | None, seq_bounds, B: int, T: int, C: int, device) -> ChunkTable:
+    """The chunk table of one call: B dense sequences of T tokens (``cu_seqlens`` None) or the packed
+    sequences of ``cu_seqlens``; ``seq_bounds`` are their host (bos, eos) pairs (validate.Problem), or
+    None (a capture of an unseen cu_seqlens: built on the device, not cached)."""
+    device = torch.device(device)
+    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    key = None if seq_bounds is None else (tuple(seq_bounds), B * T, C, str(device))
+    if key is not None and key in _TABLES:
+        _TABLES.move_to_end(key)
+        if capturing:
+            _PINNED.add(key)
+        return _TABLES[key]
+    cu = dense_cu_seqlens(B, T, device) if cu_seqlens is None else cu_seqlens.to(device, torch.int32)
+    table = build_chunk_table(cu, B * T, C)
+    if key is not None:
+        _TABLES[key] = table
+        if capturing:
+            _PINNED.add(key)
+        for old in [k for k in _TABLES if k not in _PINNED][: max(len(_TABLES) - MAX_TABLES, 0)]:
+            del _TABLES[old]
+    return table
