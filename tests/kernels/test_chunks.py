@@ -66,3 +66,15 @@ def test_chunk_table_cache_evicts_oldest_but_not_pinned(monkeypatch):
     keys = list(ch._TABLES)
     assert (bounds[0], 64, 64, "cpu") in keys and len(keys) == 2
     assert ch.chunk_table(None, bounds[0], 1, 64, 64, "cpu") is first
+
+
+def test_table_knows_where_the_padding_tail_starts(monkeypatch):
+    import qlabench.kernels.common.chunks as ch
+    from qlabench.kernels.validate import sequence_bounds
+
+    monkeypatch.setattr(ch, "_TABLES", ch.OrderedDict())
+    cu = torch.tensor([0, 100, 260], dtype=torch.int32)
+    assert ch.chunk_table(cu, sequence_bounds(cu, 1, 300), 1, 300, 64, "cpu").tokens_end == 260
+    assert ch.chunk_table(None, sequence_bounds(None, 2, 100), 2, 100, 64, "cpu").tokens_end == 200
+    assert ch.chunk_table(cu, None, 1, 300, 64, "cpu").tokens_end is None
+    assert build_chunk_table(cu, 300, 64).tokens_end is None

@@ -16,7 +16,7 @@ changed cu_seqlens is a different key. Entries looked up during a CUDA-graph cap
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -44,12 +44,15 @@ class ChunkTable:
         chunk_offsets: `[N + 1]` int32, index of each sequence's first chunk (last entry = total).
         chunk_bounds: `[NCmax, 2]` int32 (start token, end token) of every chunk; unused rows 0, 0.
         n_chunks_max: the launch bound NCmax.
+        tokens_end: host value of cu_seqlens[-1] (where the padding tail starts), or None when the
+            table was built from device values only.
     """
 
     cu_seqlens: torch.Tensor
     chunk_offsets: torch.Tensor
     chunk_bounds: torch.Tensor
     n_chunks_max: int
+    tokens_end: int | None = None
 
 
 def build_chunk_table(cu_seqlens: torch.Tensor, T: int, C: int) -> ChunkTable:
@@ -86,6 +89,8 @@ def chunk_table(cu_seqlens: torch.Tensor | None, seq_bounds, B: int, T: int, C: 
         return _TABLES[key]
     cu = dense_cu_seqlens(B, T, device) if cu_seqlens is None else cu_seqlens.to(device, torch.int32)
     table = build_chunk_table(cu, B * T, C)
+    if seq_bounds is not None:
+        table = replace(table, tokens_end=max((e for _, e in seq_bounds), default=0))
     if key is not None:
         _TABLES[key] = table
         if capturing:

@@ -49,13 +49,17 @@ def chunk_local_cumsum_kernel(H: int, C: int, reverse: bool, arch: str):
 def chunk_local_cumsum(g, table, C: int, arch: str, reverse: bool = False, out=None):
     """g: `[n_tok, H]` fp32 (flattened tokens) -> in-chunk cumsum `[n_tok, H]` fp32.
 
-    Tokens outside every chunk (the padding tail) are left as they are in ``out`` (zeros when
-    ``out`` is None).
+    Tokens outside every chunk (the padding tail) are left as they are in ``out``; with ``out`` None
+    they are zero (only the tail is cleared when the table knows where it starts: no full memset).
     """
-
-
     if out is None:
-        out = torch.zeros_like(g)
+        end = getattr(table, "tokens_end", None)
+        if end is None:
+            out = torch.zeros_like(g)
+        else:
+            out = torch.empty_like(g)
+            if end < g.shape[0]:
+                out[end:].zero_()
     kernel = chunk_local_cumsum_kernel(g.shape[1], C, reverse, arch)
     kernel(g, table.chunk_bounds, out)
     return out
