@@ -6,11 +6,10 @@ text, and an explicit target lets every kernel compile on a machine without a GP
 `kernel_factory(arch, role)` is the one place that maps an architecture to the file of each kernel
 (`KERNEL_MODULES`); forward.py, backward.py and aot.py ask it. An arch-specific file replaces a Hopper
 one by changing its row of `KERNEL_MODULES`:
-  * sm100 / sm103: the forward (kkt_solve, chunk_fwd, chunk_fwd_pipelined) and the backward's two
-    serial passes (bwd_h, bwd_dh) come from blackwell/, whose products are tcgen05 MMAs into tensor
-    memory (UTCHMMA in the SASS; the kkt_solve inverse's 32-row tf32 products stay mma.sync). The
-    other backward kernels (bwd_prepare, bwd_state, bwd_intra) still compile the Hopper files for
-    sm_100a, where a plain `T.gemm` lowers to mma.sync (`mma.sync.aligned.m16n8k16`, no tcgen05).
+  * sm100 / sm103: every forward and backward kernel with matrix products comes from blackwell/,
+    whose products are tcgen05 MMAs into tensor memory (UTCHMMA in the SASS); only the kkt_solve
+    inverse's 32-row tf32 products stay mma.sync (tcgen05 tiles start at 64 rows). The Hopper files
+    compiled for sm_100a would use mma.sync there (a plain `T.gemm` with a register accumulator).
   * sm120 / sm121: blackwell_sm120/ re-exports the Hopper forward files compiled for sm_120a at C = 32
     (mma.sync + TMA: sm120 has neither wgmma nor tcgen05) and checks that each compiled kernel fits
     the 99 KB of shared memory per block; no backward (NotImplementedError).
@@ -69,16 +68,17 @@ _SM120_FORWARD = {
     "chunk_fwd_pipelined": "blackwell_sm120.chunk_fwd:chunk_fwd_pipelined_kernel",
 }
 _SM100_BACKWARD = {
-    **_HOPPER_BACKWARD,
+    "bwd_prepare": "blackwell.bwd_prepare:bwd_prepare_kernel",
     "bwd_h": "blackwell.bwd_h_pipelined:bwd_h_pipelined_kernel",
     "bwd_dh": "blackwell.bwd_dh_pipelined:bwd_dh_pipelined_kernel",
+    "bwd_state": "blackwell.bwd_state:bwd_state_kernel",
+    "bwd_intra": "blackwell.bwd_intra:bwd_intra_kernel",
 }
 FORWARD_ROLES = tuple(_HOPPER_FORWARD)
 BACKWARD_ROLES = tuple(_HOPPER_BACKWARD)
 KERNEL_MODULES: dict[str, dict[str, str]] = {
     "sm90": {**_HOPPER_FORWARD, **_HOPPER_BACKWARD},  # verified on an H200
-    # tcgen05 + tensor memory (blackwell/): forward, and the backward's two serial passes (bwd_h,
-    # bwd_dh); bwd_prepare / bwd_state / bwd_intra: Hopper files for sm_100a (mma.sync); compiled only
+    # tcgen05 + tensor memory (blackwell/), forward and backward; compiled only
     "sm100": {**_SM100_FORWARD, **_SM100_BACKWARD},
     "sm120": dict(_SM120_FORWARD),  # Hopper forward for sm_120a, C = 32, smem-checked; compiled only; no backward
 }

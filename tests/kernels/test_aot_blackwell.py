@@ -6,9 +6,7 @@
     the inverse's 32-row tf32 products; no Hopper wgmma anywhere.
   * sm120: the Hopper files for sm_120a at C = 32 use mma.sync (plus TMA in the pipelined
     recurrence), no wgmma / tcgen05, and fit sm120's ~99 KB of shared memory per block.
-  * sm100 backward: the two serial passes bwd_h and bwd_dh (blackwell/) are tcgen05 as well; the
-    other three backward kernels are the Hopper files (mma.sync); `qlabench aot --arch sm100` without
-    --no-backward compiles all five (about 2 min more, not run here).
+  * sm100 backward: all five kernels (blackwell/) put every product on tcgen05 as well.
 Nothing here has run on Blackwell hardware."""
 
 from __future__ import annotations
@@ -166,29 +164,32 @@ def _sass_ops(tool: str, cache: Path) -> dict[str, Counter]:
     return ops
 
 
-def test_sm100_backward_serial_passes_use_tcgen05(tmp_path):
-    """sm100's bwd_h and bwd_dh (blackwell/) compile for sm_100a with every product on tcgen05 (source:
-    tcgen05.mma + commit + tcgen05.ld, no mma.sync / wgmma; SASS: UTCHMMA + LDTM, no HMMA, where
-    cuobjdump is installed). Compiled in a fresh process so TileLang's in-memory kernel cache cannot
-    skip the cubins (about 25 s on 2 cores)."""
+SM100_BACKWARD = ("bwd_prepare", "bwd_h_pipelined", "bwd_dh_pipelined", "bwd_state", "bwd_intra")
+
+
+def test_sm100_backward_uses_tcgen05(tmp_path):
+    """sm100's five backward kernels (blackwell/) compile for sm_100a with every product on tcgen05
+    (source: tcgen05.mma + commit + tcgen05.ld, no mma.sync / wgmma; SASS: UTCHMMA + LDTM, no HMMA,
+    where cuobjdump is installed). Compiled through backward.compile_backward_kernels (the API's own
+    path) in a fresh process, so TileLang's in-memory kernel cache cannot skip the cubins (about
+    1 min on 2 cores)."""
     cache = tmp_path / "cache"
     root = str(Path(__file__).resolve().parents[2])
-    code = ("from qlabench.kernels.dispatch import kernel_factory\n"
-            "for role in ('bwd_h', 'bwd_dh'):\n"
-            "    f = kernel_factory('sm100', role)\n"
-            "    assert f.__module__.startswith('qlabench.kernels.blackwell.'), f.__module__\n"
-            "    f(1, 2, 128, 128, 64, 64, 'bfloat16', 'sm100')\n")
+    code = ("from qlabench.kernels.backward import compile_backward_kernels\n"
+            "compile_backward_kernels(1, 2, dtype='bfloat16', target='sm100')\n")
     env = {**os.environ, "TILELANG_CACHE_DIR": str(cache),
            "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=900,
                          check=False)
     assert out.returncode == 0, out.stderr[-4000:]
     kernels = _kernels(cache)
-    assert set(kernels) == {"bwd_h_pipelined", "bwd_dh_pipelined"}, sorted(kernels)
+    assert set(kernels) == set(SM100_BACKWARD), sorted(kernels)
     for name, (k,) in kernels.items():
         src = k["src"]
-        for needle in ("tl::tcgen05mma", "tl::tcgen05_mma_arrive", "tl::tcgen05_ld_", "tl::tma_load"):
+        for needle in ("tl::tcgen05mma", "tl::tcgen05_mma_arrive", "tl::tcgen05_ld_"):
             assert needle in src, f"{name}: no {needle}"
+        if name.endswith("_pipelined"):
+            assert "tl::tma_load" in src, f"{name}: no TMA loads"
         assert "tl::mma_sync" not in src and "wgmma" not in src, name
     tool = _cuobjdump()
     if tool is None:

@@ -126,9 +126,8 @@ def test_backward_kernels_per_arch(name, has_bwd):
     if has_bwd:
         require_backward(arch)
         for role in BACKWARD_ROLES:
-            # sm100's two serial passes are tcgen05 files of their own; everything else is Hopper's
-            own = name == "sm100" and role in ("bwd_h", "bwd_dh")
-            prefix = "qlabench.kernels.blackwell.bwd_" if own else "qlabench.kernels.hopper.bwd_"
+            # sm100 has tcgen05 files of its own (blackwell/); sm90 uses Hopper's
+            prefix = "qlabench.kernels.blackwell.bwd_" if name == "sm100" else "qlabench.kernels.hopper.bwd_"
             assert kernel_factory(arch, role).__module__.startswith(prefix), role
     else:
         for call in [lambda: require_backward(arch)] + [lambda r=r: kernel_factory(arch, r) for r in BACKWARD_ROLES]:
