@@ -53,7 +53,7 @@ def test_sweeps():
     # grouped per preset: all 19 patterns of one preset are consecutive
     assert [c.preset.name for c in fwd.cases[:19]] == ["hk2_hv8"] * 19
     bwd = C.load_sweep("h200-bwd")
-    assert len(bwd.cases) == 5 * 8 and bwd.phases == ["bwd"]
+    assert len(bwd.cases) == 5 * 8 * 2 and bwd.phases == ["bwd", "fwdbwd"]
     assert {c.preset.name for c in bwd.cases} == {"hk16_hv32", "hk8_hv16", "hk4_hv8", "hk2_hv4", "hk16_hv16"}
     smoke = C.load_sweep("ci-smoke")
     assert smoke.settings == {"warmup": 3, "repeats": 20} and set(smoke.phases) == {"fwd", "bwd"}

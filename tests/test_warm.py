@@ -219,9 +219,9 @@ def test_cli_dry_run_lists_the_sweeps_tasks():
     res = _invoke("warm", "--sweep", "h200-bwd", "--device", "cpu", "--backends", "fla,flash_qla", "--dry-run")
     assert res.exit_code == 0, res.output
     listed = [ln.split()[:4] for ln in res.output.splitlines() if ln.startswith("hk")]
-    assert len(listed) == 10  # 5 presets x bwd x 2 backends
-    assert {ln[3] for ln in listed} == {"8k_1seq"} and {ln[1] for ln in listed} == {"bwd"}
-    assert "10 tasks (5 presets x 1 phases x 2 backends" in res.output
+    assert len(listed) == 20  # 5 presets x (bwd, fwdbwd) x 2 backends
+    assert {ln[3] for ln in listed} == {"8k_1seq"} and {ln[1] for ln in listed} == {"bwd", "fwdbwd"}
+    assert "20 tasks (5 presets x 2 phases x 2 backends" in res.output
 
 
 class FailsOnHv2(Scripted):
