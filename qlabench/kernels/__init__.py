@@ -36,7 +36,7 @@ CP_MODES = ("auto", "on", "off")
 
 
 def cp_mode() -> str:
-    """Intra-card CP switch of the forward, from QLABENCH_CP: off (the default), auto (the plan's
+    """Intra-card CP switch of the forward and its backward, from QLABENCH_CP: off (the default), auto (the plan's
     enable rule, cp.py) or on (always plan pieces).
 
     Off by default because it does not pay yet: on the H200 (results/h200/2026-11-29_8e6cbaf/
@@ -55,35 +55,51 @@ def cp_mode() -> str:
 
 
 def _forward(q, k, v, g, beta, *, scale, initial_state, cu_seqlens, output_final_state, output_h, state_v_first):
-    """The forward kernels, with intra-card CP (forward_cp.py) when the plan turns it on."""
+    """The forward kernels, with intra-card CP (forward_cp.py) when the plan turns it on.
+
+    Returns chunk_gated_delta_rule_fwd's five entries plus ``cp`` = (plan, h0_pieces) when CP ran,
+    else None: the backward runs its CP mirror (backward_cp.py) from the same pieces.
+    """
     from .forward import chunk_gated_delta_rule_fwd
 
-    mode = cp_mode()
-    if mode != "off" and not output_h:
-        from .cp import plan_cp
-        from .dispatch import arch_for_device
-        from .forward import _sm_count
+    plan = _cp_plan(q, v, cu_seqlens) if not output_h else None
+    if plan is not None:
         from .forward_cp import chunk_gated_delta_rule_fwd_cp
 
-        B, T, H = v.shape[:3]
-        plan = plan_cp(cu_seqlens, heads=H, sm_count=_sm_count(q.device), chunk_size=arch_for_device(q.device).chunk_size,
-                       B=B, T=T, device=q.device, enable=True if mode == "on" else None)
-        if plan.enabled:
-            return chunk_gated_delta_rule_fwd_cp(
-                q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
-                output_final_state=output_final_state, state_v_first=state_v_first, plan=plan,
-                transition="always")  # no host read of the fallback flag: no sync, capturable
-    return chunk_gated_delta_rule_fwd(
+        *out, h0_pieces = chunk_gated_delta_rule_fwd_cp(
+            q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+            output_final_state=output_final_state, state_v_first=state_v_first, plan=plan,
+            transition="always", return_piece_states=True)  # "always": no host read, capturable
+        return (*out, (plan, h0_pieces))
+    out = chunk_gated_delta_rule_fwd(
         q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
         output_final_state=output_final_state, output_h=output_h, state_v_first=state_v_first)
+    return (*out, None)
+
+
+def _cp_plan(q, v, cu_seqlens):
+    """The CP plan of a call when QLABENCH_CP and the plan's rule turn CP on, else None."""
+    mode = cp_mode()
+    if mode == "off":
+        return None
+    from .cp import plan_cp
+    from .dispatch import arch_for_device
+    from .forward import _sm_count
+
+    B, T, H = v.shape[:3]
+    plan = plan_cp(cu_seqlens, heads=H, sm_count=_sm_count(q.device),
+                   chunk_size=arch_for_device(q.device).chunk_size, B=B, T=T, device=q.device,
+                   enable=True if mode == "on" else None)
+    return plan if plan.enabled else None
 
 
 class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
-    """Forward on our kernels; backward on `backward.chunk_gated_delta_rule_bwd` (recomputing h)."""
+    """Forward on our kernels; backward on `backward.chunk_gated_delta_rule_bwd` (recomputing h), or on
+    `backward_cp.chunk_gated_delta_rule_bwd_cp` over the forward's pieces when the forward ran CP."""
 
     @staticmethod
     def forward(ctx, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, state_v_first):
-        g_cumsum, A, o, _, final_state = _forward(
+        g_cumsum, A, o, _, final_state, ctx.cp = _forward(
             q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
             output_final_state=output_final_state, output_h=False, state_v_first=state_v_first,
         )
@@ -98,10 +114,17 @@ class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
         from .backward import chunk_gated_delta_rule_bwd
 
         q, k, v, g_cumsum, beta, A, initial_state, cu_seqlens = ctx.saved_tensors
-        dq, dk, dv, dbeta, dg, dh0 = chunk_gated_delta_rule_bwd(
-            q, k, v, g_cumsum, beta, A, do.contiguous(), dht, scale=ctx.scale,
-            initial_state=initial_state, cu_seqlens=cu_seqlens, state_v_first=ctx.state_v_first,
-        )
+        args = (q, k, v, g_cumsum, beta, A, do.contiguous(), dht)
+        kw = {"scale": ctx.scale, "initial_state": initial_state, "cu_seqlens": cu_seqlens,
+              "state_v_first": ctx.state_v_first}
+        if ctx.cp is not None:  # the forward ran CP: the backward mirrors it over the same pieces
+            from .backward_cp import chunk_gated_delta_rule_bwd_cp
+
+            plan, h0_pieces = ctx.cp
+            dq, dk, dv, dbeta, dg, dh0 = chunk_gated_delta_rule_bwd_cp(
+                *args, **kw, plan=plan, h0_pieces=h0_pieces, transition="always")
+        else:
+            dq, dk, dv, dbeta, dg, dh0 = chunk_gated_delta_rule_bwd(*args, **kw)
         return (dq, dk, dv, dg.to(ctx.g_dtype), dbeta.to(beta.dtype), None,
                 dh0 if initial_state is not None else None, None, None, None)
 

@@ -12,17 +12,15 @@ from qlabench.kernels import cp_mode
 @pytest.fixture
 def stubs(monkeypatch):
     calls = []
-    import qlabench.kernels.dispatch as dispatch
-    import qlabench.kernels.forward as forward
-    import qlabench.kernels.forward_cp as forward_cp
+    from qlabench.kernels import dispatch, forward, forward_cp
 
     def plain(*args, **kw):
         calls.append(("plain", kw))
-        return "plain"
+        return ("plain",) * 5
 
     def with_cp(*args, **kw):
         calls.append(("cp", kw))
-        return "cp"
+        return ("cp",) * 6  # + the pieces' initial states (return_piece_states)
 
     monkeypatch.setattr(forward, "chunk_gated_delta_rule_fwd", plain)
     monkeypatch.setattr(forward_cp, "chunk_gated_delta_rule_fwd_cp", with_cp)
@@ -34,8 +32,15 @@ def stubs(monkeypatch):
 def _call(T, H, cu=None, output_h=False):
     x = torch.zeros(1, T, H, 128)
     cu = None if cu is None else torch.tensor(cu, dtype=torch.int32)
-    return api._forward(x, x, x, x[..., 0], x[..., 0], scale=1.0, initial_state=None, cu_seqlens=cu,
-                        output_final_state=True, output_h=output_h, state_v_first=False)
+    out = api._forward(x, x, x, x[..., 0], x[..., 0], scale=1.0, initial_state=None, cu_seqlens=cu,
+                       output_final_state=True, output_h=output_h, state_v_first=False)
+    assert len(out) == 6  # the five forward entries + the CP state for the backward (or None)
+    if out[0] == "cp":
+        plan, h0_pieces = out[5]
+        assert plan.enabled and h0_pieces == "cp"
+    else:
+        assert out[5] is None
+    return out[0]
 
 
 def test_off_by_default(stubs, monkeypatch):
@@ -48,6 +53,7 @@ def test_auto_follows_the_plan(stubs, monkeypatch):
     monkeypatch.setenv("QLABENCH_CP", "auto")
     assert _call(32768, 16) == "cp"  # one 32k sequence, 16 heads: CP on (cp.py's rule)
     assert stubs[-1][1]["transition"] == "always" and stubs[-1][1]["plan"].enabled
+    assert stubs[-1][1]["return_piece_states"] is True
     assert _call(1024, 16, cu=list(range(0, 1025, 128))) == "plain"  # 2-chunk sequences: nothing to cut
     assert _call(32768, 64) == "plain"  # 64 heads fill the GPU: CP off
 
@@ -64,3 +70,28 @@ def test_bad_mode_names_the_value(monkeypatch):
     monkeypatch.setenv("QLABENCH_CP", "yes")
     with pytest.raises(ValueError, match="'yes'"):
         cp_mode()
+
+
+def test_backward_follows_the_forward(monkeypatch):
+    """The autograd backward takes backward_cp with the forward's plan and piece states, else the
+    plain backward."""
+    from qlabench.kernels import backward, backward_cp
+
+    seen = []
+    grads = tuple(torch.zeros(1) for _ in range(6))
+    monkeypatch.setattr(backward, "chunk_gated_delta_rule_bwd", lambda *a, **kw: seen.append(("plain", kw)) or grads)
+    monkeypatch.setattr(backward_cp, "chunk_gated_delta_rule_bwd_cp",
+                        lambda *a, **kw: seen.append(("cp", kw)) or grads)
+
+    class Ctx:
+        saved_tensors = (None,) * 4 + (torch.zeros(1), None, None, None)  # beta: a tensor
+        scale, state_v_first, g_dtype = 1.0, False, torch.float32
+
+    ctx = Ctx()
+    ctx.cp = None
+    api.ChunkGatedDeltaRuleFunction.backward(ctx, torch.zeros(1), None)
+    ctx.cp = ("plan", "h0_pieces")
+    api.ChunkGatedDeltaRuleFunction.backward(ctx, torch.zeros(1), None)
+    assert [name for name, _ in seen] == ["plain", "cp"]
+    assert seen[1][1]["plan"] == "plan" and seen[1][1]["h0_pieces"] == "h0_pieces"
+    assert seen[1][1]["transition"] == "always"
