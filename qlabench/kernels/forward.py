@@ -81,27 +81,43 @@ def chunk_gated_delta_rule_fwd(
     )
 
 
-def use_pipelined(n_blocks: int, sm_count: int) -> bool:
-    """Which chunk-recurrence variant serves a grid of ``n_blocks`` blocks: the TMA-pipelined one.
+_RECURRENCE_ROLES = {
+    "auto": "chunk_fwd_pipelined",
+    "pipelined": "chunk_fwd_pipelined",
+    "simple": "chunk_fwd",
+    "ws": "chunk_fwd_ws",
+}
+
+
+def recurrence_role(n_blocks: int, sm_count: int) -> str:
+    """Kernel role of the chunk recurrence for a grid of ``n_blocks`` blocks: the TMA-pipelined one.
 
     Measured on the H200 (tools/fwd_variants.py, results/h200/NOTES.md) the pipelined variant (one
     block per SM by its shared memory, loads of chunk c + 1 overlapping chunk c) beats the plain one
     (two blocks per SM, loads exposed every chunk) on every grid tried, from 64 blocks (1x32768
     hk16_hv16: 1.45 vs 2.10 ms for the whole forward) to 512 (1x32768 hk16_hv64: 3.60 vs 5.09 ms).
-    The plain variant stays as the A/B baseline: QLABENCH_FWD_KERNEL=simple|pipelined forces one.
+    QLABENCH_FWD_KERNEL=simple|pipelined forces one (the plain variant stays as the A/B baseline);
+    QLABENCH_FWD_KERNEL=ws opts into the manually warp-specialized recurrence (hopper/chunk_fwd_ws.py,
+    sm90 only, not the default: not yet measured on a GPU).
     """
     import os
 
     del n_blocks, sm_count  # the choice no longer depends on the grid (kept for the A/B switch)
     choice = os.environ.get("QLABENCH_FWD_KERNEL", "auto")
-    if choice not in ("auto", "simple", "pipelined"):
-        raise ValueError(f"QLABENCH_FWD_KERNEL must be auto, simple or pipelined, got {choice!r}")
-    return choice != "simple"
+    if choice not in _RECURRENCE_ROLES:
+        raise ValueError(f"QLABENCH_FWD_KERNEL must be auto, simple, pipelined or ws, got {choice!r}")
+    return _RECURRENCE_ROLES[choice]
+
+
+def use_pipelined(n_blocks: int, sm_count: int) -> bool:
+    """Whether the recurrence overlaps the loads of chunk c + 1 with chunk c (every role but the plain
+    ``chunk_fwd``; see ``recurrence_role``)."""
+    return recurrence_role(n_blocks, sm_count) != "chunk_fwd"
 
 
 def recurrence_kernel(n_blocks: int, sm_count: int, arch: Arch | str):
     """The chunk-recurrence kernel factory of ``arch`` for a grid of ``n_blocks`` blocks."""
-    return kernel_factory(arch, "chunk_fwd_pipelined" if use_pipelined(n_blocks, sm_count) else "chunk_fwd")
+    return kernel_factory(arch, recurrence_role(n_blocks, sm_count))
 
 
 _SM_COUNTS: dict = {}

@@ -78,7 +78,8 @@ def _mock_gpu(monkeypatch, cc):
 # module of each forward kernel per arch: sm100 has its own tcgen05 files (blackwell/), sm120 its
 # shared-memory-checked re-exports of the Hopper files (blackwell_sm120/)
 FORWARD_FILES = {
-    "sm90": {"kkt_solve": "hopper.kkt_solve", "chunk_fwd": "hopper.chunk_fwd", "chunk_fwd_pipelined": "hopper.chunk_fwd"},
+    "sm90": {"kkt_solve": "hopper.kkt_solve", "chunk_fwd": "hopper.chunk_fwd", "chunk_fwd_pipelined": "hopper.chunk_fwd",
+             "chunk_fwd_ws": "hopper.chunk_fwd_ws"},
     "sm100": {"kkt_solve": "blackwell.kkt_solve", "chunk_fwd": "blackwell.chunk_fwd",
               "chunk_fwd_pipelined": "blackwell.chunk_fwd"},
     "sm120": {"kkt_solve": "blackwell_sm120.kkt_solve", "chunk_fwd": "blackwell_sm120.chunk_fwd",
@@ -105,13 +106,21 @@ def test_mocked_device_gets_its_kernels(monkeypatch, cc, name, chunk, target):
     for role, module in FORWARD_FILES[name].items():
         factory = kernel_factory(arch, role)
         assert factory.__module__ == f"qlabench.kernels.{module}", role
-        assert factory.__wrapped__.__name__ == f"{role}_kernel"
+        assert getattr(factory, "__wrapped__", factory).__name__ == f"{role}_kernel"
     # forward.py asks the same table for the recurrence: the pipelined variant for every grid, the
     # plain one only when forced (QLABENCH_FWD_KERNEL=simple, the A/B switch)
+    monkeypatch.delenv("QLABENCH_FWD_KERNEL", raising=False)
     assert recurrence_kernel(10, 132, arch) is kernel_factory(arch, "chunk_fwd_pipelined")
     assert recurrence_kernel(1000, 132, name) is kernel_factory(name, "chunk_fwd_pipelined")
     monkeypatch.setenv("QLABENCH_FWD_KERNEL", "simple")
     assert recurrence_kernel(10, 132, arch) is kernel_factory(arch, "chunk_fwd")
+    # the manually warp-specialized recurrence is opt-in (QLABENCH_FWD_KERNEL=ws) and Hopper-only
+    monkeypatch.setenv("QLABENCH_FWD_KERNEL", "ws")
+    if name == "sm90":
+        assert recurrence_kernel(10, 132, arch) is kernel_factory(arch, "chunk_fwd_ws")
+    else:
+        with pytest.raises(ValueError, match=rf"'chunk_fwd_ws' has no {name} version"):
+            recurrence_kernel(10, 132, arch)
     monkeypatch.setenv("QLABENCH_FWD_KERNEL", "fast")
     with pytest.raises(ValueError, match="'fast'"):
         recurrence_kernel(10, 132, arch)

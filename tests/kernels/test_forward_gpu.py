@@ -1,4 +1,10 @@
-"""Our forward kernels against the float64 reference on the GPU (relative L2 <= 0.02 per tensor)."""
+"""Our forward kernels against the float64 reference on the GPU (relative L2 <= 0.02 per tensor).
+
+Every test goes through forward.py, which reads QLABENCH_FWD_KERNEL at call time: run the whole file
+on another recurrence with e.g. `QLABENCH_FWD_KERNEL=ws python -m pytest tests/kernels/test_forward_gpu.py`
+(ws: hopper/chunk_fwd_ws.py, the manually warp-specialized one). test_recurrence_kernels runs the
+varlen / partial-chunk / h0 / BV = 64 cases on each recurrence whatever the environment says.
+"""
 
 from __future__ import annotations
 
@@ -83,6 +89,25 @@ def test_empty_sequence_and_tail():
 def test_long_T32768_h0(state_v_first):
     _check_forward(make_inputs(32768, 2, 4, gate="qwen", h0=True, state_v_first=state_v_first), 32768,
                    check_h=False)
+
+
+@pytest.mark.parametrize("fwd_kernel", ["pipelined", "ws"])
+@pytest.mark.parametrize("case", ["varlen-bv32", "varlen-bv64"])
+@pytest.mark.parametrize("state_v_first", [False, True], ids=["kv", "vk"])
+def test_recurrence_kernels(fwd_kernel, case, state_v_first, monkeypatch):
+    """Each recurrence kernel (QLABENCH_FWD_KERNEL) on partial chunks, an empty sequence, a padding
+    tail and h0; 2 sequences x 64 v-heads = 128 blocks picks BV = 64 (forward.value_tile), 16 blocks BV = 32."""
+    from qlabench.kernels.forward import recurrence_role
+
+    monkeypatch.setenv("QLABENCH_FWD_KERNEL", fwd_kernel)
+    assert recurrence_role(1, 132) == {"pipelined": "chunk_fwd_pipelined", "ws": "chunk_fwd_ws"}[fwd_kernel]
+    if case == "varlen-bv32":
+        cu = [0, 100, 100, 229, 1000, 2497]
+        _check_forward(make_inputs(2600, 2, 4, cu_seqlens=cu, gate="qwen", h0=True, state_v_first=state_v_first), 2600)
+    else:
+        cu = [0, 700, 1500]
+        _check_forward(make_inputs(1530, 4, 64, cu_seqlens=cu, gate="bench", h0=True, state_v_first=state_v_first),
+                       1530)
 
 
 def test_l2norm_and_scale():

@@ -1,0 +1,312 @@
+"""chunk_fwd_ws: the forward chunk recurrence, manually warp-specialized (Hopper, sm_90a).
+
+NOT YET RUN ON A GPU: compiled for sm_90a on a CPU machine only (tests/kernels/test_chunk_fwd_ws_compile.py).
+Opt-in: QLABENCH_FWD_KERNEL=ws (forward.recurrence_kernel); the default stays chunk_fwd_pipelined.
+
+Formula per chunk (as chunk_fwd.py; gam = in-chunk cumsum of g clamped to the sequence's last real
+token, e = exp(gam), r = exp(gam_C - gam), S is K x BV fp32, Ag and Pm from kkt_solve):
+
+    U  = K S                      W  = V - diag(e) U
+    Vd = Ag W
+    O  = scale diag(e) Q S + Pm Vd
+    S  = exp(gam_C) S + K^T diag(r) Vd
+
+Same kernel signature and grid as chunk_fwd.py: (q, k, v, g_cumsum, Ag, Pm, cu_seqlens, chunk_offsets,
+chunk_skip, h0, o, ht, h_out, scale, has_h0, store_final, store_h, has_skip); grid (V / BV, N * H_v),
+one block per (sequence, v-head, V tile). Rows past the sequence end (next sequence or padding tail,
+loaded whole by TMA) are kept out by selects, never by multiplying with zero, and K's padded rows are
+zeroed before K^T Vr, so non-finite data there cannot leak in. The last sequence's block zero-fills o
+on the padding tail after cu_seqlens[-1]. Chunk skip as in chunk_fwd.py.
+
+Warp-group roles (384 threads = 3 warpgroups, split by thread index, one if/elif, no block-wide
+barrier after the prologue):
+  * WG0 producer (tx 0..127, set_max_nreg 40 dec): for chunk c into ring slot c % 2, waits
+    empty[slot], issues T.tma_copy of K, V, Ag, Q, Pm (one elected thread: expect_tx + loads on
+    full[slot]); threads 0..C-1 load gam (clamped g_cumsum, strided 4-byte elements: no TMA) into
+    gam_s[slot]; all 128 arrive on full[slot].
+  * WG1 state (tx 128..255, set_max_nreg 216 inc): owns S in fp32 registers. The only serial chain:
+    S -> S_s[b] -> K S -> W -> Ag W -> Vd, Vr -> K^T Vr -> S.
+  * WG2 output (tx 256..383, set_max_nreg 216 inc): Q S from S_s[b], h_out from S_s[b], Pm Vd from
+    Vd_s[b], o stores; runs one chunk behind the state WG at most (b = c % 2 double-buffers S_s, Vd_s).
+
+Per-chunk stage order (slot = b = c % 2, ph = (c // 2) & 1; every mbarrier completes once per use of
+its slot, so the phase to wait for is ph, and ph ^ 1 for "freed by the use two chunks ago", which a
+fresh barrier passes at once):
+  producer:  wait empty[slot] (ph ^ 1) -> TMA K, V, Ag, Q, Pm (+ tx bytes on full[slot]) ->
+             gam_s[slot] stores -> arrive full[slot]
+  state:     wait full[slot] (ph); wait o_free[b] (ph ^ 1: output WG done with S_s[b], Vd_s[b] of c - 2)
+             S_s[b] = bf16(S); fence.proxy.async; bar.sync(1, 128); arrive s_ready[b]
+             U = K S (wgmma); W_s = rows(V - e U); fence; bar.sync(1, 128)
+             U = Ag W (wgmma) (= Vd); Vd_s[b] = rows(Vd), Vr_s = rows(r Vd);
+             partial chunk: K_s[slot] rows past eos = 0; fence; bar.sync(1, 128); arrive vd_ready[b]
+             S = exp(gam_C) S + K^T Vr (wgmma); arrive empty[slot]
+  output:    wait full[slot] (ph); wait s_ready[b] (ph); O = Q S (wgmma); O *= scale e;
+             store_h: h_out row from S_s[b]; wait vd_ready[b] (ph); O += Pm Vd (wgmma);
+             arrive o_free[b]; arrive empty[slot]; o rows < eos -> global
+Barriers (mbarrier arrive counts): full[2] = 128 (producer threads; TMA bytes via expect_tx),
+empty[2] = 256 (state + output threads), s_ready[2] = vd_ready[2] = 128 (state threads),
+o_free[2] = 128 (output threads). Named barrier 1 (bar.sync 1, 128): the state WG's own smem writes
+before its wgmma reads (3 per chunk). Thread-written smem read by wgmma is always fenced
+(fence.proxy.async) by the writing threads before the barrier that publishes it.
+TileLang's automatic shared-memory syncs are off (TL_DISABLE_THREAD_STORAGE_SYNC): every hazard is
+covered by the barriers above (write-after-read on S_s / Vd_s by o_free, on W_s / Vr_s / K zeroing
+by the next named barrier, which every state warp reaches only after its wgmma wait; on the ring by
+empty), so the generated source has exactly one __syncthreads (after the mbarrier init) and the six
+named barriers of the state WG. QLABENCH_WS_AUTO_SYNC=1 compiles with the automatic syncs back on
+(TileLang then adds conservative 128-thread bar.syncs, ids 3 and 4, in the producer and state WGs):
+the A/B to run first if results differ from chunk_fwd_pipelined.
+The chunk loop runs in pairs (chunk 2 p + slot for slot = 0, 1, unrolled by macros) so every ring
+buffer is indexed by a Python constant.
+
+GEMMs per chunk (wgmma, smem operands, fp32 accumulate): state WG K S 64xBVx128, Ag W 64xBVx64,
+K^T Vr 128xBVx64; output WG Q S 64xBVx128, Pm Vd 64xBVx64.
+
+Shared memory, from the allocations (bf16 = 2 bytes; C = 64, K = 128):
+    ring (2 slots): Q, K 2 x 2 x 16 KB, V 2 x C BV 2, Ag, Pm 2 x 2 x 8 KB, gam 2 x 256 B
+    S_s 2 x K BV 2, Vd_s 2 x C BV 2, W_s, Vr_s C BV 2 each, 10 mbarriers
+  BV = 64: 64 + 16 + 32 + 0.5 + 32 + 16 + 16 = 176.5 KB (+ barriers)
+  BV = 32: 64 +  8 + 32 + 0.5 + 16 +  8 +  8 = 136.5 KB
+  (``shared_memory_bytes``; tests/kernels/test_chunk_fwd_ws_compile.py checks it against the launch's
+  dynamic shared memory in the generated host code: 180,736 B at BV = 64 and 139,776 B at BV = 32
+  as compiled, every buffer at its own offset (nothing overlapped); plus 2 KB static (cuobjdump
+  SHARED:2048, the mbarriers). Under the 227 KB per block of the H200; one block per SM.)
+Registers: S is K x BV fp32 = 64 (BV = 64) / 32 (BV = 32) registers per state thread; U (C x BV)
+32 / 16; O in the output WG 32 / 16. The 384-thread launch (__launch_bounds__(384, 1)) gets 168 per
+thread (cuobjdump -res-usage: REG:168, LOCAL:0, no spills at BV = 64); set_max_nreg quotas
+40 (producer, dec) + 216 (state, inc) + 216 (output, inc) = 472 <= 3 x 168 = 504, so the two
+increases (2 x 48 x 128) are covered by the producer's release (128 x 128).
+"""
+
+import functools
+
+import tilelang.language as T
+from tilelang import PassConfigKey
+
+from ..common.build import compile_for
+
+THREADS = 384  # producer, state, output warpgroups
+NREG_PRODUCER = 40
+NREG_STATE = 216
+NREG_OUTPUT = 216
+BAR_STATE = 1  # named barrier id of the state warpgroup's internal syncs (0 is __syncthreads)
+
+
+def chunk_fwd_ws_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str,
+                        state_v_first: bool, arch: str):
+    """Compiled warp-specialized forward recurrence for one head configuration (runtime arguments
+    as chunk_fwd.chunk_fwd_kernel). QLABENCH_WS_AUTO_SYNC=1 keeps TileLang's automatic
+    shared-memory syncs on top of the explicit ones (a race-debugging A/B, see the header)."""
+    import os
+
+    auto_sync = os.environ.get("QLABENCH_WS_AUTO_SYNC", "0") == "1"
+    return _chunk_fwd_ws(h_qk, h_v, K, V, BV, C, dtype, state_v_first, arch, auto_sync)
+
+
+def shared_memory_bytes(K: int, BV: int, C: int = 64, elem: int = 2) -> int:
+    """Dynamic shared memory of the kernel, from its allocations (the mbarriers are static)."""
+    ring = 2 * (2 * C * K + C * BV + 2 * C * C) * elem + 2 * C * 4  # Q, K, V, Ag, Pm, gam per slot
+    handoff = 2 * (K * BV + C * BV) * elem  # S_s, Vd_s per parity
+    scratch = 2 * C * BV * elem  # W_s, Vr_s
+    return ring + handoff + scratch
+
+
+@functools.cache
+def _chunk_fwd_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str, state_v_first: bool,
+                  arch: str, auto_sync: bool):
+    if C != 64:
+        raise ValueError(f"chunk_fwd_ws is written for C = 64 (one m64 wgmma per row block), got {C}")
+    group = h_v // h_qk
+    NV = V // BV
+    n_tok = T.dynamic("n_tok")
+    n_cu = T.dynamic("n_cu")
+    n_h0 = T.dynamic("n_h0")
+    n_ht = T.dynamic("n_ht")
+    n_hc = T.dynamic("n_hc")
+    n_skip = T.dynamic("n_skip")
+    state_shape = (h_v, V, K) if state_v_first else (h_v, K, V)
+
+    def rows(t0, eos, i, value):
+        """value on rows of the sequence; zero past its end (other data there: select, not multiply)."""
+        return T.if_then_else(t0 + i < eos, value, T.cast(0, dtype))
+
+    @T.macro
+    def produce(slot: int, c, n_run, bos, eos, skip, h, hk, v0, tx, q, k, v, g_cumsum, Ag, Pm,
+                Q_s, K_s, V_s, Ag_s, P_s, gam_s, full, empty):
+        if c < n_run:
+            T.mbarrier_wait_parity(empty[slot], ((c // 2) & 1) ^ 1)
+            t0 = bos + (skip + c) * C
+            T.tma_copy(k[t0:t0 + C, hk, :], K_s, barrier=full[slot])
+            T.tma_copy(v[t0:t0 + C, h, v0:v0 + BV], V_s, barrier=full[slot])
+            T.tma_copy(Ag[t0:t0 + C, h, :], Ag_s, barrier=full[slot])
+            T.tma_copy(q[t0:t0 + C, hk, :], Q_s, barrier=full[slot])
+            T.tma_copy(Pm[t0:t0 + C, h, :], P_s, barrier=full[slot])
+            if tx < C:
+                gam_s[tx] = g_cumsum[T.min(t0 + tx, eos - 1), h]
+            T.mbarrier_arrive(full[slot])
+
+    @T.macro
+    def state_step(slot: int, c, n_run, bos, eos, skip, K_s, V_s, Ag_s, gam_s, S_s, Vd_s, W_s, Vr_s,
+                   S_f, U_f, full, empty, s_ready, vd_ready, o_free):
+        if c < n_run:
+            ph = (c // 2) & 1
+            t0 = bos + (skip + c) * C
+            T.mbarrier_wait_parity(full[slot], ph)
+            T.mbarrier_wait_parity(o_free[slot], ph ^ 1)
+            T.copy(S_f, S_s)
+            T.fence_proxy_async()
+            T.sync_threads(BAR_STATE, 128)
+            T.mbarrier_arrive(s_ready[slot])
+
+            T.gemm(K_s, S_s, U_f, clear_accum=True)
+            for i, j in T.Parallel(C, BV):
+                W_s[i, j] = rows(t0, eos, i, T.cast(V_s[i, j] - T.exp(gam_s[i]) * U_f[i, j], dtype))
+            T.fence_proxy_async()
+            T.sync_threads(BAR_STATE, 128)
+
+            T.gemm(Ag_s, W_s, U_f, clear_accum=True)  # U_f now holds Vd
+            for i, j in T.Parallel(C, BV):
+                Vd_s[i, j] = rows(t0, eos, i, T.cast(U_f[i, j], dtype))
+                Vr_s[i, j] = rows(t0, eos, i, T.cast(T.exp(gam_s[C - 1] - gam_s[i]) * U_f[i, j], dtype))
+            if t0 + C > eos:
+                for i, d in T.Parallel(C, K):
+                    if t0 + i >= eos:
+                        K_s[i, d] = T.cast(0, dtype)
+            T.fence_proxy_async()
+            T.sync_threads(BAR_STATE, 128)
+            T.mbarrier_arrive(vd_ready[slot])
+
+            for i, j in T.Parallel(K, BV):
+                S_f[i, j] = S_f[i, j] * T.exp(gam_s[C - 1])
+            T.gemm(K_s, Vr_s, S_f, transpose_A=True)
+            T.mbarrier_arrive(empty[slot])
+
+    @T.macro
+    def output_step(slot: int, c, n_run, bos, eos, skip, n, h, v0, scale, store_h, chunk_offsets, h_out, o,
+                    Q_s, P_s, gam_s, S_s, Vd_s, O_f, full, empty, s_ready, vd_ready, o_free):
+        if c < n_run:
+            ph = (c // 2) & 1
+            t0 = bos + (skip + c) * C
+            T.mbarrier_wait_parity(full[slot], ph)
+            T.mbarrier_wait_parity(s_ready[slot], ph)
+            T.gemm(Q_s, S_s, O_f, clear_accum=True)
+            for i, j in T.Parallel(C, BV):
+                O_f[i, j] = O_f[i, j] * (scale * T.exp(gam_s[i]))
+            if store_h != 0:
+                for i, j in T.Parallel(K, BV):
+                    if state_v_first:
+                        h_out[chunk_offsets[n] + skip + c, h, v0 + j, i] = S_s[i, j]
+                    else:
+                        h_out[chunk_offsets[n] + skip + c, h, i, v0 + j] = S_s[i, j]
+            T.mbarrier_wait_parity(vd_ready[slot], ph)
+            T.gemm(P_s, Vd_s, O_f)
+            T.mbarrier_arrive(o_free[slot])
+            T.mbarrier_arrive(empty[slot])
+            for i, j in T.Parallel(C, BV):
+                if t0 + i < eos:
+                    o[t0 + i, h, v0 + j] = T.cast(O_f[i, j], dtype)
+
+    def chunk_fwd_ws(
+        q: T.Tensor((n_tok, h_qk, K), dtype),
+        k: T.Tensor((n_tok, h_qk, K), dtype),
+        v: T.Tensor((n_tok, h_v, V), dtype),
+        g_cumsum: T.Tensor((n_tok, h_v), "float32"),
+        Ag: T.Tensor((n_tok, h_v, C), dtype),
+        Pm: T.Tensor((n_tok, h_v, C), dtype),
+        cu_seqlens: T.Tensor((n_cu,), "int32"),
+        chunk_offsets: T.Tensor((n_cu,), "int32"),
+        chunk_skip: T.Tensor((n_skip, h_v), "int32"),
+        h0: T.Tensor((n_h0,) + state_shape, "float32"),
+        o: T.Tensor((n_tok, h_v, V), dtype),
+        ht: T.Tensor((n_ht,) + state_shape, "float32"),
+        h_out: T.Tensor((n_hc,) + state_shape, dtype),
+        scale: T.float32,
+        has_h0: T.int32,
+        store_final: T.int32,
+        store_h: T.int32,
+        has_skip: T.int32,
+    ):
+        with T.Kernel(NV, (n_cu - 1) * h_v, threads=THREADS) as (iv, nh):
+            # input ring, slot 0 and slot 1
+            Q0 = T.alloc_shared((C, K), dtype)
+            Q1 = T.alloc_shared((C, K), dtype)
+            K0 = T.alloc_shared((C, K), dtype)
+            K1 = T.alloc_shared((C, K), dtype)
+            V0 = T.alloc_shared((C, BV), dtype)
+            V1 = T.alloc_shared((C, BV), dtype)
+            A0 = T.alloc_shared((C, C), dtype)
+            A1 = T.alloc_shared((C, C), dtype)
+            P0 = T.alloc_shared((C, C), dtype)
+            P1 = T.alloc_shared((C, C), dtype)
+            G0 = T.alloc_shared((C,), "float32")
+            G1 = T.alloc_shared((C,), "float32")
+            # state -> output hand-off, double-buffered by chunk parity
+            S0 = T.alloc_shared((K, BV), dtype)
+            S1 = T.alloc_shared((K, BV), dtype)
+            D0 = T.alloc_shared((C, BV), dtype)
+            D1 = T.alloc_shared((C, BV), dtype)
+            # state warpgroup scratch
+            W_s = T.alloc_shared((C, BV), dtype)
+            Vr_s = T.alloc_shared((C, BV), dtype)
+            full = T.alloc_barrier([128, 128])
+            empty = T.alloc_barrier([256, 256])
+            s_ready = T.alloc_barrier([128, 128])
+            vd_ready = T.alloc_barrier([128, 128])
+            o_free = T.alloc_barrier([128, 128])
+            S_f = T.alloc_fragment((K, BV), "float32")
+            U_f = T.alloc_fragment((C, BV), "float32")
+            O_f = T.alloc_fragment((C, BV), "float32")
+
+            tx = T.get_thread_binding()
+            n = nh // h_v
+            h = nh % h_v
+            hk = h // group
+            v0 = iv * BV
+            bos = cu_seqlens[n]
+            eos = cu_seqlens[n + 1]
+            # first chunk run; the row index is guarded too, so a [1, H_v] dummy is never over-read
+            skip_row = T.if_then_else(has_skip != 0, n, 0)
+            skip = T.max(T.if_then_else(has_skip != 0, chunk_skip[skip_row, h], 0), 0)
+            n_run = T.max(T.ceildiv(eos - bos, C) - skip, 0)
+            n_pairs = T.ceildiv(n_run, 2)
+
+            if tx < 128:
+                T.set_max_nreg(NREG_PRODUCER, 0)
+                for p in T.serial(n_pairs):
+                    produce(0, 2 * p, n_run, bos, eos, skip, h, hk, v0, tx, q, k, v, g_cumsum, Ag, Pm,
+                            Q0, K0, V0, A0, P0, G0, full, empty)
+                    produce(1, 2 * p + 1, n_run, bos, eos, skip, h, hk, v0, tx, q, k, v, g_cumsum, Ag, Pm,
+                            Q1, K1, V1, A1, P1, G1, full, empty)
+            elif tx < 256:
+                T.set_max_nreg(NREG_STATE, 1)
+                for i, j in T.Parallel(K, BV):
+                    if state_v_first:
+                        S_f[i, j] = T.if_then_else(has_h0 != 0, h0[n, h, v0 + j, i], 0.0)
+                    else:
+                        S_f[i, j] = T.if_then_else(has_h0 != 0, h0[n, h, i, v0 + j], 0.0)
+                for p in T.serial(n_pairs):
+                    state_step(0, 2 * p, n_run, bos, eos, skip, K0, V0, A0, G0, S0, D0, W_s, Vr_s,
+                               S_f, U_f, full, empty, s_ready, vd_ready, o_free)
+                    state_step(1, 2 * p + 1, n_run, bos, eos, skip, K1, V1, A1, G1, S1, D1, W_s, Vr_s,
+                               S_f, U_f, full, empty, s_ready, vd_ready, o_free)
+                if store_final != 0:
+                    for i, j in T.Parallel(K, BV):
+                        if state_v_first:
+                            ht[n, h, v0 + j, i] = S_f[i, j]
+                        else:
+                            ht[n, h, i, v0 + j] = S_f[i, j]
+            else:
+                T.set_max_nreg(NREG_OUTPUT, 1)
+                for p in T.serial(n_pairs):
+                    output_step(0, 2 * p, n_run, bos, eos, skip, n, h, v0, scale, store_h, chunk_offsets,
+                                h_out, o, Q0, P0, G0, S0, D0, O_f, full, empty, s_ready, vd_ready, o_free)
+                    output_step(1, 2 * p + 1, n_run, bos, eos, skip, n, h, v0, scale, store_h,
+                                chunk_offsets, h_out, o, Q1, P1, G1, S1, D1, O_f, full, empty, s_ready,
+                                vd_ready, o_free)
+                if n == n_cu - 2:
+                    for c in T.serial(T.ceildiv(n_tok - eos, C)):
+                        for i, j in T.Parallel(C, BV):
+                            if eos + c * C + i < n_tok:
+                                o[eos + c * C + i, h, v0 + j] = T.cast(0, dtype)
+
+    configs = {} if auto_sync else {PassConfigKey.TL_DISABLE_THREAD_STORAGE_SYNC: True}
+    return compile_for(T.prim_func(chunk_fwd_ws), arch, configs)

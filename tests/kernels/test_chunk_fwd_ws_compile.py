@@ -1,0 +1,68 @@
+"""hopper/chunk_fwd_ws (the manually warp-specialized forward recurrence) compiles for sm_90a on a
+machine without a GPU, and its generated source has the structure its header promises: wgmma for all
+five products, TMA loads on mbarriers, the register quotas, fences before tensor-core reads of
+thread-written tiles, and no block-wide barrier inside the role branches (one kernel per test: about
+20 s each on two cores)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+HK, HV, D, C = 16, 16, 128, 64
+SMEM_PER_BLOCK = 232448  # 227 KB: the most shared memory one block may opt into on the H200
+
+
+def _dynamic_shared_memory(kernel) -> int:
+    """Dynamic shared memory (bytes) the generated host code launches the kernel with: the last launch
+    argument filled in before the packed kernel call."""
+    host = kernel.get_host_source()
+    call = re.search(r"TVMFFIFunctionCall\((\w+)_kernel_packed, \(TVMFFIAny\*\) stack_ffi_any, (\d+)", host)
+    assert call is not None, "no kernel launch in the host code"
+    last = int(call.group(2)) - 1
+    sizes = re.findall(rf"stack_ffi_any\)\[{last}\]\.v_int64\) = \(\(int64_t\)(\d+)\)", host[:call.start()])
+    assert sizes, "no dynamic shared memory size in the host code"
+    return int(sizes[-1])
+
+
+@pytest.mark.parametrize("BV,state_v_first", [(32, False), (64, False), (32, True), (64, True)],
+                         ids=["bv32-kv", "bv64-kv", "bv32-vk", "bv64-vk"])
+def test_chunk_fwd_ws_compiles_sm90a(BV, state_v_first, tmp_path, monkeypatch):
+    monkeypatch.setenv("TILELANG_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("QLABENCH_WS_AUTO_SYNC", raising=False)
+    from qlabench.kernels.hopper import chunk_fwd_ws as ws
+
+    kernel = ws.chunk_fwd_ws_kernel(HK, HV, D, D, BV, C, "bfloat16", state_v_first, "sm90")
+    src = kernel.get_kernel_source()
+
+    assert "__launch_bounds__(384, 1)" in src  # producer + state + output warpgroups, no extra WG
+    # five products per chunk, two ring slots (unrolled pair): 10 wgmma issue sites, N = BV
+    assert len(re.findall(rf"wgmma_ss<[^>]*, 64, {BV}, 16,", src)) == 10
+    # TMA loads of K, V, Ag, Q, Pm into each slot, completion counted on full[slot]
+    for desc in ("k_desc", "v_desc", "Ag_desc", "q_desc", "Pm_desc"):
+        assert src.count(f"tl::tma_load({desc}, full[0]") == 1 and src.count(f"tl::tma_load({desc}, full[1]") == 1
+    # the bytes expected on each full barrier are exactly one chunk of K, V, Ag, Q, Pm
+    for slot in (0, 1):
+        tx = sum(int(b) for b in re.findall(rf"full\[{slot}\]\.expect_transaction\((\d+)\)", src))
+        assert tx == (2 * C * D + C * BV + 2 * C * C) * 2, tx
+    # mbarriers with the documented arrive counts
+    inits = dict(re.findall(r"(\w+)\[0\]\.init\((\d+)\)", src))
+    assert inits == {"full": "128", "empty": "256", "s_ready": "128", "vd_ready": "128", "o_free": "128"}
+    for bar in inits:
+        assert f"{bar}[0].wait(" in src and f"{bar}[1].wait(" in src, bar
+        assert f"{bar}[0].arrive()" in src and f"{bar}[1].arrive()" in src, bar
+    # register quotas: producer releases, state and output warpgroups take
+    assert src.count("warpgroup_reg_dealloc<40>") == 1 and src.count("warpgroup_reg_alloc<216>") == 2
+    # thread-written tiles (S_s, W_s, Vd_s / Vr_s) fenced before wgmma reads, 3 per chunk and slot
+    assert src.count("__sync_thread_partial(1, 128)") == 6
+    assert src.count("tl::fence_proxy_async();") >= 6
+    # the only block-wide barrier is the one after the mbarrier init (a __syncthreads in a role
+    # branch would deadlock); TileLang's automatic syncs are off
+    assert src.count("__syncthreads()") == 1
+    assert src.index("__syncthreads()") < src.index("warpgroup_reg_dealloc")
+    assert "__sync_thread_partial(3" not in src and "__sync_thread_partial(4" not in src
+
+    smem = _dynamic_shared_memory(kernel)
+    assert smem == ws.shared_memory_bytes(D, BV, C), smem
+    assert smem <= SMEM_PER_BLOCK - 4096
