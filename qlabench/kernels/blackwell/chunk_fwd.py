@@ -100,6 +100,10 @@ def chunk_fwd_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype
     n_skip = T.dynamic("n_skip")
     state_shape = (h_v, V, K) if state_v_first else (h_v, K, V)
 
+    def own(lo, j):
+        """window column j is one of the block's own BV columns (always, when BV >= 64)."""
+        return T.And(lo <= j, j < lo + BV)
+
     def mma(A, B, acc, mbar, transpose_A=False, last_use=False):
         """acc = A B on tcgen05 (fresh accumulator), completion posted to ``mbar``.
 
@@ -189,7 +193,7 @@ def chunk_fwd_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype
                 T.copy(S_f, S_s)
                 if store_h != 0:
                     for i, j in T.Parallel(K, MW):
-                        if lo <= j and j < lo + BV:
+                        if own(lo, j):
                             if state_v_first:
                                 h_out[chunk_offsets[n] + skip + c, h, v0 + j, i] = S_s[i, j]
                             else:
@@ -230,7 +234,7 @@ def chunk_fwd_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype
                 T.tcgen05_after_thread_sync()
                 T.copy(PV_t, PV_f)
                 for i, j in T.Parallel(C, MW):
-                    if t0 + i < eos and lo <= j and j < lo + BV:
+                    if t0 + i < eos and own(lo, j):
                         o[t0 + i, h, v0 + j] = T.cast(O_f[i, j] * (scale * T.exp(gam_s[i])) + PV_f[i, j], dtype)
 
                 T.mbarrier_wait_parity(bar[4], ph)
@@ -241,7 +245,7 @@ def chunk_fwd_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype
 
             if store_final != 0:
                 for i, j in T.Parallel(K, MW):
-                    if lo <= j and j < lo + BV:
+                    if own(lo, j):
                         if state_v_first:
                             ht[n, h, v0 + j, i] = S_f[i, j]
                         else:
@@ -250,7 +254,7 @@ def chunk_fwd_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype
             if n == n_cu - 2:
                 for c in T.serial(T.ceildiv(n_tok - eos, C)):
                     for i, j in T.Parallel(C, MW):
-                        if eos + c * C + i < n_tok and lo <= j and j < lo + BV:
+                        if eos + c * C + i < n_tok and own(lo, j):
                             o[eos + c * C + i, h, v0 + j] = T.cast(0, dtype)
 
     chunk_fwd.__name__ = chunk_fwd.__qualname__ = name  # the kernel's name in profiles
