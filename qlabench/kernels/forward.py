@@ -94,7 +94,7 @@ def recurrence_role(n_blocks: int, sm_count: int) -> str:
 
     Measured on the H200 (tools/fwd_variants.py, results/h200/NOTES.md) the pipelined variant (one
     block per SM by its shared memory, loads of chunk c + 1 overlapping chunk c) beats the plain one
-    (two blocks per SM, loads exposed every chunk) on every grid tried, from 64 blocks (1x32768
+    (also one block per SM, by its registers; loads exposed every chunk) on every grid tried, from 64 blocks (1x32768
     hk16_hv16: 1.45 vs 2.10 ms for the whole forward) to 512 (1x32768 hk16_hv64: 3.60 vs 5.09 ms).
     QLABENCH_FWD_KERNEL=simple|pipelined forces one (the plain variant stays as the A/B baseline);
     QLABENCH_FWD_KERNEL=ws opts into the manually warp-specialized recurrence (hopper/chunk_fwd_ws.py,
