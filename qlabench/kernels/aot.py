@@ -2,9 +2,9 @@
 for an architecture's explicit target into the TileLang cache, without a GPU.
 
 The kernel files come from `dispatch.kernel_factory` (the same choice the API makes): sm100's forward
-is blackwell/ (tcgen05 MMAs into tensor memory), its backward the Hopper files for sm_100a (mma.sync);
-sm120's forward is the Hopper files for sm_120a at C = 32 (mma.sync), checked against its 99 KB of
-shared memory per block (blackwell_sm120/); sm120 has no backward, and `not_available` says so.
+and backward are blackwell/ (tcgen05 MMAs into tensor memory); sm120's forward is the Hopper files
+for sm_120a at C = 32 (mma.sync), checked against its 99 KB of shared memory per block
+(blackwell_sm120/); sm120 has no backward, and `not_available` says so.
 """
 
 from __future__ import annotations
