@@ -12,7 +12,8 @@ What differs on sm100:
   * The blockwise inverse stays as in Hopper: 16 x 16 diagonal blocks by forward substitution on CUDA
     cores, the 16 -> 32 merge on CUDA cores, the 32 -> 64 merge as two 32 x 32 x 32 fp32 (tf32)
     products with ``T.gemm`` into registers (mma.sync on sm_100a): tcgen05 tiles start at M = 64, and
-    these products are 32 rows high.
+    these products are 32 rows high. The three inverse steps are the macros of common/tri_inverse.py,
+    shared with hopper/kkt_solve.py.
 Grid: (NCmax chunks, H_v); blocks past the real chunk count exit. Threads: 128 (one warpgroup: a
 64-row tcgen05 accumulator is read back by the four warps of one warpgroup).
 Tensor memory: two 32-column allocations (a 64 x 64 fp32 accumulator of the 64-row weight-stationary
@@ -35,6 +36,7 @@ import functools
 import tilelang.language as T
 
 from ..common.build import compile_for
+from ..common.tri_inverse import invert_diag_blocks, merge_32_to_64, merge_pairs
 
 
 @functools.cache
@@ -46,35 +48,6 @@ def kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str)
         raise ValueError(f"the sm100 kkt_solve is written for chunk size 64, got {C}")
     n_tok = T.dynamic("n_tok")
     n_chunks = T.dynamic("n_chunks")
-
-    @T.macro
-    def merge_16_to_32(L_s, X_s, M_s, tx):
-        """X21 = -X22 (L21 X11) for the two pairs of 16 x 16 diagonal blocks, on CUDA cores."""
-        sz = DIAG
-        n_elem = (C // (2 * sz)) * sz * sz
-        acc = T.alloc_var("float32")
-        for e in T.serial(n_elem // THREADS):
-            idx = e * THREADS + tx
-            pair = idx // (sz * sz)
-            r = (idx // sz) % sz
-            cc = idx % sz
-            top = 2 * pair * sz
-            acc = 0.0
-            for kk in T.unroll(sz):
-                acc = acc + L_s[top + sz + r, top + kk] * X_s[top + kk, top + cc]
-            M_s[pair * sz + r, cc] = acc
-        T.sync_threads()
-        for e in T.serial(n_elem // THREADS):
-            idx = e * THREADS + tx
-            pair = idx // (sz * sz)
-            r = (idx // sz) % sz
-            cc = idx % sz
-            top = 2 * pair * sz
-            acc = 0.0
-            for kk in T.unroll(sz):
-                acc = acc + X_s[top + sz + r, top + sz + kk] * M_s[pair * sz + kk, cc]
-            X_s[top + sz + r, top + cc] = -acc
-        T.sync_threads()
 
     @T.prim_func
     def kkt_solve(
@@ -134,23 +107,10 @@ def kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str)
                     X_s[i, j] = 0.0
                 T.sync_threads()
                 # 16 x 16 diagonal blocks: forward substitution, one thread per (block, column)
-                if tx < C:
-                    b0 = (tx // DIAG) * DIAG
-                    col = tx % DIAG
-                    for i in T.serial(DIAG):
-                        acc = T.if_then_else(i == col, 1.0, 0.0)
-                        for j in T.serial(i):
-                            acc = acc - L_s[b0 + i, b0 + j] * X_s[b0 + j, b0 + col]
-                        X_s[b0 + i, b0 + col] = acc
-                T.sync_threads()
-                merge_16_to_32(L_s, X_s, M_s, tx)
+                invert_diag_blocks(L_s, X_s, acc, tx, C, DIAG)
+                merge_pairs(L_s, X_s, M_s, tx, C, DIAG, THREADS)  # 16 -> 32, CUDA cores
                 # 32 -> 64: X21 = -X22 (L21 X11), two 32 x 32 x 32 fp32 products (mma.sync, tf32)
-                T.gemm(L_s[2 * DIAG:C, 0:2 * DIAG], X_s[0:2 * DIAG, 0:2 * DIAG], M_f, clear_accum=True)
-                T.copy(M_f, M_s)
-                T.gemm(X_s[2 * DIAG:C, 2 * DIAG:C], M_s, M_f, clear_accum=True)
-                for i, j in T.Parallel(2 * DIAG, 2 * DIAG):
-                    X_s[2 * DIAG + i, j] = -M_f[i, j]
-                T.sync_threads()
+                merge_32_to_64(L_s, X_s, M_s, M_f, C)
                 for i, j in T.Parallel(C, C):
                     if start + i < end:
                         A[start + i, h, j] = T.cast(X_s[i, j], dtype)

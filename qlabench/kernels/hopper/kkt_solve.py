@@ -21,6 +21,7 @@ Grid: (NCmax chunks, H_v); blocks past the real chunk count exit. Threads: 128 (
     hk16_hv16), most of it in this level. tf32 operands put a relative error of ~6e-5 on A_k
     (float64 experiment on random unit keys), 7x below the bf16 rounding of the stored result.
     (A plain 64-row substitution was a 64-step serial chain per column and dominated the forward.)
+    The three inverse steps are TileLang macros in common/tri_inverse.py, shared with blackwell/.
   * Q K^T on tensor cores; masks applied in fp32 (exp of gam_i - gam_j <= 0 only).
   * Rows of the chunk are stored as bf16 (row t of A, Ag, Pm holds token t's row of its chunk).
 Shared memory: Q, K 64x128 bf16 (32 KB) + L and X 64x64 fp32 (32 KB) + product scratch 32x32 fp32
@@ -33,6 +34,7 @@ import functools
 import tilelang.language as T
 
 from ..common.build import compile_for
+from ..common.tri_inverse import invert_diag_blocks, merge_32_to_64, merge_pairs
 
 
 @functools.cache
@@ -44,33 +46,6 @@ def kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str)
         raise ValueError(f"kkt_solve supports chunk sizes 32 and 64, got {C}")
     n_tok = T.dynamic("n_tok")
     n_chunks = T.dynamic("n_chunks")
-
-    @T.macro
-    def merge_level(L_s, X_s, M_s, sz: int, tx):
-        n_elem = (C // (2 * sz)) * sz * sz
-        acc = T.alloc_var("float32")
-        for e in T.serial(n_elem // THREADS):
-            idx = e * THREADS + tx
-            pair = idx // (sz * sz)
-            r = (idx // sz) % sz
-            cc = idx % sz
-            top = 2 * pair * sz
-            acc = 0.0
-            for kk in T.unroll(sz):
-                acc = acc + L_s[top + sz + r, top + kk] * X_s[top + kk, top + cc]
-            M_s[pair * sz + r, cc] = acc
-        T.sync_threads()
-        for e in T.serial(n_elem // THREADS):
-            idx = e * THREADS + tx
-            pair = idx // (sz * sz)
-            r = (idx // sz) % sz
-            cc = idx % sz
-            top = 2 * pair * sz
-            acc = 0.0
-            for kk in T.unroll(sz):
-                acc = acc + X_s[top + sz + r, top + sz + kk] * M_s[pair * sz + kk, cc]
-            X_s[top + sz + r, top + cc] = -acc
-        T.sync_threads()
 
     @T.prim_func
     def kkt_solve(
@@ -118,24 +93,11 @@ def kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str)
                     X_s[i, j] = 0.0
                 T.sync_threads()
                 # 16 x 16 diagonal blocks: forward substitution, one thread per (block, column)
-                if tx < C:
-                    b0 = (tx // DIAG) * DIAG
-                    col = tx % DIAG
-                    for i in T.serial(DIAG):
-                        acc = T.if_then_else(i == col, 1.0, 0.0)
-                        for j in T.serial(i):
-                            acc = acc - L_s[b0 + i, b0 + j] * X_s[b0 + j, b0 + col]
-                        X_s[b0 + i, b0 + col] = acc
-                T.sync_threads()
+                invert_diag_blocks(L_s, X_s, acc, tx, C, DIAG)
                 # merge by doubling: X21 = -X22 (L21 X11) for every pair of s-blocks
-                merge_level(L_s, X_s, M_s, DIAG, tx)  # 16 -> 32
+                merge_pairs(L_s, X_s, M_s, tx, C, DIAG, THREADS)  # 16 -> 32
                 if C == 4 * DIAG:  # 32 -> 64: two 32 x 32 x 32 products on tensor cores (tf32)
-                    T.gemm(L_s[2 * DIAG:C, 0:2 * DIAG], X_s[0:2 * DIAG, 0:2 * DIAG], M_f, clear_accum=True)
-                    T.copy(M_f, M_s)
-                    T.gemm(X_s[2 * DIAG:C, 2 * DIAG:C], M_s, M_f, clear_accum=True)
-                    for i, j in T.Parallel(2 * DIAG, 2 * DIAG):
-                        X_s[2 * DIAG + i, j] = -M_f[i, j]
-                    T.sync_threads()
+                    merge_32_to_64(L_s, X_s, M_s, M_f, C)
                 for i, j in T.Parallel(C, C):
                     if start + i < end:
                         A[start + i, h, j] = T.cast(X_s[i, j], dtype)
