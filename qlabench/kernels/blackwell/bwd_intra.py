@@ -34,12 +34,15 @@ mma.sync and no wgmma; SASS (cuobjdump -sass, hk1_hv2 bf16):
 72 UTCHMMA.WS, 6 LDTM, no HMMA (the Hopper file for sm_100a: 192 HMMA.16816); no local-memory spills.
 Checked on every CI run by tests/kernels/test_aot_blackwell.py (source; SASS where cuobjdump is
 installed). Shared memory per block as compiled: 91,136 B.
+The loads and elementwise steps that do not depend on how products are issued are TileLang macros
+in common/bwd_intra.py, shared with hopper/bwd_intra.py.
 """
 
 import functools
 
 import tilelang.language as T
 
+from ..common.bwd_intra import gated_masks, load_chunk, load_dq0, mask_sums, store_dg_dbeta, wy_inverse_grad
 from ..hopper.bwd_common import compile_bwd
 
 
@@ -109,15 +112,8 @@ def bwd_intra_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str)
             hk = hv // group
 
             if t0 < end:
-                for i, d in T.Parallel(C, K):
-                    Q_s[i, d] = T.if_then_else(t0 + i < end, q[t0 + i, hk, d], T.cast(0, dtype))
-                    K_s[i, d] = T.if_then_else(t0 + i < end, k[t0 + i, hk, d], T.cast(0, dtype))
-                for i, j in T.Parallel(C, C):
-                    A_s[i, j] = T.if_then_else(t0 + i < end, A[t0 + i, hv, j], T.cast(0, dtype))
-                for i in T.Parallel(C):
-                    gam_s[i] = g_cumsum[T.min(t0 + i, end - 1), hv]
-                    beta_s[i] = T.if_then_else(t0 + i < end, beta[t0 + i, hv], 0.0)
-                    dgam_s[i] = T.if_then_else(t0 + i < end, dgam0[t0 + i, hv], 0.0)
+                load_chunk(q, k, A, g_cumsum, beta, dgam0, Q_s, K_s, A_s, gam_s, beta_s, dgam_s, t0, end, hk, hv,
+                           C, K, dtype)
 
                 T.fence_proxy_async()  # thread-written operands -> tensor-core reads
                 T.sync_threads()
@@ -126,26 +122,10 @@ def bwd_intra_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str)
                 T.mbarrier_wait_parity(bar[0], 0)
                 T.tcgen05_after_thread_sync()
                 T.copy(P_t, P_f)
-                for i, j in T.Parallel(C, C):
-                    decay = T.if_then_else(j <= i, T.exp(gam_s[i] - gam_s[j]), 0.0)
-                    dpg = T.if_then_else(t0 + i < end, dPg[t0 + i, hv, j], 0.0)
-                    dab = decay * T.if_then_else(t0 + i < end, dAg[t0 + i, hv, j], 0.0)
-                    X_s[i, j] = scale * decay * P_f[i, j] * dpg + dab * A_s[i, j] * beta_s[j]
-                    Y_s[i, j] = dab * A_s[i, j]
-                    dA_s[i, j] = T.cast(dab * beta_s[j], dtype)
-                    dP_s[i, j] = T.cast(scale * decay * dpg, dtype)
+                gated_masks(P_f, dPg, dAg, A_s, gam_s, beta_s, X_s, Y_s, dA_s, dP_s, t0, end, hv, scale, C, dtype)
 
                 # dgam mask term rowsum(X) - colsum(X) and dbeta colsum(Y), all fp32.
-                for i, j in T.Parallel(C, C):
-                    tmp_f[i, j] = X_s[i, j] - X_s[j, i]
-                T.reduce_sum(tmp_f, red_f, dim=1)
-                for i in T.Parallel(C):
-                    dgm_s[i] = red_f[i]
-                for i, j in T.Parallel(C, C):
-                    tmp_f[i, j] = Y_s[j, i]
-                T.reduce_sum(tmp_f, red_f, dim=1)
-                for i in T.Parallel(C):
-                    dbc_s[i] = red_f[i]
+                mask_sums(X_s, Y_s, tmp_f, red_f, dgm_s, dbc_s, C)
 
                 # WY inverse: dL = -strict_lower(A^T dA A^T)
                 T.fence_proxy_async()
@@ -163,25 +143,10 @@ def bwd_intra_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str)
                 T.tcgen05_after_thread_sync()
                 T.copy(KK_t, KK_f)
                 T.copy(T2_t, T2_f)
-                for i, j in T.Parallel(C, C):
-                    T2_f[i, j] = T.if_then_else(j < i, -T2_f[i, j], 0.0)
-                for i, j in T.Parallel(C, C):
-                    tmp_f[i, j] = T2_f[i, j] * KK_f[i, j]
-                    dM_s[i, j] = beta_s[i] * T2_f[i, j]
-                T.reduce_sum(tmp_f, red_f, dim=1)
-                for i in T.Parallel(C):
-                    dbr_s[i] = red_f[i]
-                for i, j in T.Parallel(C, C):
-                    dAs_s[i, j] = T.cast(dM_s[i, j] + dM_s[j, i], dtype)
+                wy_inverse_grad(T2_f, KK_f, beta_s, tmp_f, red_f, dM_s, dbr_s, dAs_s, C, dtype)
 
                 # dq = dq0 + dP K, with rowdot(Q, dq0) for dgam
-                for i, j in T.Parallel(C, K):
-                    dq_f[i, j] = T.if_then_else(t0 + i < end, dq0[t0 + i, hv, j], 0.0)
-                for i, j in T.Parallel(C, K):
-                    prod_f[i, j] = Q_s[i, j] * dq_f[i, j]
-                T.reduce_sum(prod_f, red_f, dim=1)
-                for i in T.Parallel(C):
-                    dgq_s[i] = red_f[i]
+                load_dq0(dq0, Q_s, dq_f, prod_f, red_f, dgq_s, t0, end, hv, C, K)
                 T.fence_proxy_async()  # dAs_s, dP_s written above
                 T.sync_threads()
                 T.tcgen05_gemm(dP_s, K_s, dq_t, clear_accum=True, mbar=bar[4])
@@ -209,14 +174,6 @@ def bwd_intra_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str)
                         dk_out[t0 + i, hv, j] = dk_f[i, j]
 
                 # dg = reverse in-chunk cumsum of dgam; dbeta
-                for i in T.Parallel(C):
-                    dgam_s[i] = dgam_s[i] + dgq_s[i] + dgm_s[i]
-                for i, j in T.Parallel(C, C):
-                    tmp_f[i, j] = T.if_then_else(j >= i, dgam_s[j], 0.0)
-                T.reduce_sum(tmp_f, red_f, dim=1)
-                for i in T.Parallel(C):
-                    if t0 + i < end:
-                        dg_out[t0 + i, hv] = red_f[i]
-                        dbeta_out[t0 + i, hv] = dbc_s[i] + dbr_s[i]
+                store_dg_dbeta(dgam_s, dgq_s, dgm_s, dbc_s, dbr_s, tmp_f, red_f, dg_out, dbeta_out, t0, end, hv, C)
 
     return compile_bwd(bwd_intra, arch)

@@ -24,12 +24,15 @@ Shared memory: Q, K 2 x 16 KB bf16; A, dA, dP, T1, dAs 5 x 8 KB bf16; X, Y, dM 3
 vectors ~1.5 KB: ~122 KB.
 scale is a runtime argument (one compiled kernel serves every scale).
 Emulated step for step by ``qlabench.kernels.emulate_bwd._emu_intra``.
+The loads and elementwise steps that do not depend on how products are issued are TileLang macros
+in common/bwd_intra.py, shared with blackwell/bwd_intra.py.
 """
 
 import functools
 
 import tilelang.language as T
 
+from ..common.bwd_intra import gated_masks, load_chunk, load_dq0, mask_sums, store_dg_dbeta, wy_inverse_grad
 from .bwd_common import compile_bwd
 
 
@@ -91,62 +94,24 @@ def bwd_intra_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str)
             hk = hv // group
 
             if t0 < end:
-                for i, d in T.Parallel(C, K):
-                    Q_s[i, d] = T.if_then_else(t0 + i < end, q[t0 + i, hk, d], T.cast(0, dtype))
-                    K_s[i, d] = T.if_then_else(t0 + i < end, k[t0 + i, hk, d], T.cast(0, dtype))
-                for i, j in T.Parallel(C, C):
-                    A_s[i, j] = T.if_then_else(t0 + i < end, A[t0 + i, hv, j], T.cast(0, dtype))
-                for i in T.Parallel(C):
-                    gam_s[i] = g_cumsum[T.min(t0 + i, end - 1), hv]
-                    beta_s[i] = T.if_then_else(t0 + i < end, beta[t0 + i, hv], 0.0)
-                    dgam_s[i] = T.if_then_else(t0 + i < end, dgam0[t0 + i, hv], 0.0)
+                load_chunk(q, k, A, g_cumsum, beta, dgam0, Q_s, K_s, A_s, gam_s, beta_s, dgam_s, t0, end, hk, hv,
+                           C, K, dtype)
 
                 T.gemm(Q_s, K_s, P_f, transpose_B=True, clear_accum=True)
                 T.gemm(K_s, K_s, KK_f, transpose_B=True, clear_accum=True)
-                for i, j in T.Parallel(C, C):
-                    decay = T.if_then_else(j <= i, T.exp(gam_s[i] - gam_s[j]), 0.0)
-                    dpg = T.if_then_else(t0 + i < end, dPg[t0 + i, hv, j], 0.0)
-                    dab = decay * T.if_then_else(t0 + i < end, dAg[t0 + i, hv, j], 0.0)
-                    X_s[i, j] = scale * decay * P_f[i, j] * dpg + dab * A_s[i, j] * beta_s[j]
-                    Y_s[i, j] = dab * A_s[i, j]
-                    dA_s[i, j] = T.cast(dab * beta_s[j], dtype)
-                    dP_s[i, j] = T.cast(scale * decay * dpg, dtype)
+                gated_masks(P_f, dPg, dAg, A_s, gam_s, beta_s, X_s, Y_s, dA_s, dP_s, t0, end, hv, scale, C, dtype)
 
                 # dgam mask term rowsum(X) - colsum(X) and dbeta colsum(Y), all fp32.
-                for i, j in T.Parallel(C, C):
-                    tmp_f[i, j] = X_s[i, j] - X_s[j, i]
-                T.reduce_sum(tmp_f, red_f, dim=1)
-                for i in T.Parallel(C):
-                    dgm_s[i] = red_f[i]
-                for i, j in T.Parallel(C, C):
-                    tmp_f[i, j] = Y_s[j, i]
-                T.reduce_sum(tmp_f, red_f, dim=1)
-                for i in T.Parallel(C):
-                    dbc_s[i] = red_f[i]
+                mask_sums(X_s, Y_s, tmp_f, red_f, dgm_s, dbc_s, C)
 
                 # WY inverse: dL = -strict_lower(A^T dA A^T)
                 T.gemm(A_s, dA_s, T1_f, transpose_A=True, clear_accum=True)
                 T.copy(T1_f, T1_s)
                 T.gemm(T1_s, A_s, T2_f, transpose_B=True, clear_accum=True)
-                for i, j in T.Parallel(C, C):
-                    T2_f[i, j] = T.if_then_else(j < i, -T2_f[i, j], 0.0)
-                for i, j in T.Parallel(C, C):
-                    tmp_f[i, j] = T2_f[i, j] * KK_f[i, j]
-                    dM_s[i, j] = beta_s[i] * T2_f[i, j]
-                T.reduce_sum(tmp_f, red_f, dim=1)
-                for i in T.Parallel(C):
-                    dbr_s[i] = red_f[i]
-                for i, j in T.Parallel(C, C):
-                    dAs_s[i, j] = T.cast(dM_s[i, j] + dM_s[j, i], dtype)
+                wy_inverse_grad(T2_f, KK_f, beta_s, tmp_f, red_f, dM_s, dbr_s, dAs_s, C, dtype)
 
                 # dq = dq0 + dP K, with rowdot(Q, dq0) for dgam
-                for i, j in T.Parallel(C, K):
-                    dq_f[i, j] = T.if_then_else(t0 + i < end, dq0[t0 + i, hv, j], 0.0)
-                for i, j in T.Parallel(C, K):
-                    prod_f[i, j] = Q_s[i, j] * dq_f[i, j]
-                T.reduce_sum(prod_f, red_f, dim=1)
-                for i in T.Parallel(C):
-                    dgq_s[i] = red_f[i]
+                load_dq0(dq0, Q_s, dq_f, prod_f, red_f, dgq_s, t0, end, hv, C, K)
                 T.gemm(dP_s, K_s, dq_f)
                 for i, j in T.Parallel(C, K):
                     if t0 + i < end:
@@ -162,14 +127,6 @@ def bwd_intra_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str)
                         dk_out[t0 + i, hv, j] = dk_f[i, j]
 
                 # dg = reverse in-chunk cumsum of dgam; dbeta
-                for i in T.Parallel(C):
-                    dgam_s[i] = dgam_s[i] + dgq_s[i] + dgm_s[i]
-                for i, j in T.Parallel(C, C):
-                    tmp_f[i, j] = T.if_then_else(j >= i, dgam_s[j], 0.0)
-                T.reduce_sum(tmp_f, red_f, dim=1)
-                for i in T.Parallel(C):
-                    if t0 + i < end:
-                        dg_out[t0 + i, hv] = red_f[i]
-                        dbeta_out[t0 + i, hv] = dbc_s[i] + dbr_s[i]
+                store_dg_dbeta(dgam_s, dgq_s, dgm_s, dbc_s, dbr_s, tmp_f, red_f, dg_out, dbeta_out, t0, end, hv, C)
 
     return compile_bwd(bwd_intra, arch)
