@@ -29,12 +29,15 @@ mma.sync and no wgmma; SASS (cuobjdump -sass, hk1_hv2 bf16):
 104 UTCHMMA.WS, 7 LDTM, no HMMA (the Hopper file for sm_100a: 352 HMMA.16816); no local-memory spills.
 Checked on every CI run by tests/kernels/test_aot_blackwell.py (source; SASS where cuobjdump is
 installed). Shared memory per block as compiled: 164,864 B.
+The loads and elementwise steps that do not depend on how products are issued are TileLang macros
+in common/bwd_state.py, shared with hopper/bwd_state.py.
 """
 
 import functools
 
 import tilelang.language as T
 
+from ..common.bwd_state import kt1_terms, load_chunk, store_dgam0, store_dq0, w_and_du
 from ..hopper.bwd_common import compile_bwd
 
 
@@ -106,26 +109,8 @@ def bwd_state_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
             tx = T.get_thread_binding()
 
             if t0 < end:
-                for i, d in T.Parallel(C, K):
-                    K_s[i, d] = T.if_then_else(t0 + i < end, k[t0 + i, hk, d], T.cast(0, dtype))
-                for i, j in T.Parallel(C, V):
-                    V_s[i, j] = T.if_then_else(t0 + i < end, v[t0 + i, hv, j], T.cast(0, dtype))
-                    dO_s[i, j] = T.if_then_else(t0 + i < end, do[t0 + i, hv, j], T.cast(0, dtype))
-                    dVp_s[i, j] = T.if_then_else(t0 + i < end, dvp[t0 + i, hv, j], T.cast(0, dtype))
-                    dv_s[i, j] = T.if_then_else(t0 + i < end, dv[t0 + i, hv, j], T.cast(0, dtype))
-                for i, j in T.Parallel(C, C):
-                    A_s[i, j] = T.if_then_else(t0 + i < end, A[t0 + i, hv, j], T.cast(0, dtype))
-                for i, j in T.Parallel(K, V):
-                    S0_s[i, j] = h[c, hv, i, j]
-                    dS_s[i, j] = dh[c, hv, i, j]
-                for i in T.Parallel(C):
-                    gam_s[i] = g_cumsum[T.min(t0 + i, end - 1), hv]
-                    beta_s[i] = T.if_then_else(t0 + i < end, beta[t0 + i, hv], 0.0)
-                gam_last = gam_s[C - 1]
-
-                for i, j in T.Parallel(C, C):
-                    decay = T.if_then_else(j <= i, T.exp(gam_s[i] - gam_s[j]), 0.0)
-                    Ag_s[i, j] = T.cast(decay * A_s[i, j] * beta_s[j], dtype)
+                load_chunk(k, v, do, dvp, dv, A, h, dh, g_cumsum, beta, K_s, V_s, dO_s, dVp_s, dv_s, A_s, S0_s, dS_s,
+                           gam_s, beta_s, Ag_s, gam_last, c, t0, end, hk, hv, C, K, V, dtype)
 
                 # batch 1: U = K S0, dO S0^T
                 T.fence_proxy_async()
@@ -136,14 +121,7 @@ def bwd_state_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
                 T.mbarrier_wait_parity(bar[0], 0)
                 T.tcgen05_after_thread_sync()
                 T.copy(U_t, acc_a)
-                for i, j in T.Parallel(C, V):
-                    prod_f[i, j] = dv_s[i, j] * acc_a[i, j]
-                T.reduce_sum(prod_f, red_f, dim=1)
-                for i in T.Parallel(C):
-                    dgu_s[i] = -T.exp(gam_s[i]) * red_f[i]
-                for i, j in T.Parallel(C, V):
-                    V_s[i, j] = T.cast(V_s[i, j] - T.exp(gam_s[i]) * acc_a[i, j], dtype)
-                    dv_s[i, j] = T.cast(-T.exp(gam_s[i]) * dv_s[i, j], dtype)
+                w_and_du(acc_a, dv_s, V_s, gam_s, prod_f, red_f, dgu_s, C, V, dtype)
 
                 # batch 2: V' = Ag W, dAg = dV' W^T, dU S0^T
                 T.fence_proxy_async()
@@ -165,9 +143,7 @@ def bwd_state_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
                 T.mbarrier_wait_parity(bar[1], 0)
                 T.tcgen05_after_thread_sync()
                 T.copy(dq_t, acc_a)
-                for i, j in T.Parallel(C, K):
-                    if t0 + i < end:
-                        dq0_out[t0 + i, hv, j] = scale * T.exp(gam_s[i]) * acc_a[i, j]
+                store_dq0(dq0_out, acc_a, gam_s, scale, t0, end, hv, C, K)
 
                 # dAg, dPg (fp32 out; the mask terms are formed in bwd_intra)
                 T.mbarrier_wait_parity(bar[3], 0)
@@ -187,11 +163,7 @@ def bwd_state_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
                 T.mbarrier_wait_parity(bar[6], 0)
                 T.tcgen05_after_thread_sync()
                 T.copy(T1_t, acc_b)
-                for i, j in T.Parallel(C, K):
-                    prod_f[i, j] = K_s[i, j] * acc_b[i, j]
-                T.reduce_sum(prod_f, red_f, dim=1)
-                for i in T.Parallel(C):
-                    kt1_s[i] = T.exp(gam_last - gam_s[i]) * red_f[i]
+                kt1_terms(K_s, acc_b, gam_s, gam_last, prod_f, red_f, kt1_s, C, K)
                 T.mbarrier_wait_parity(bar[4], 0)
                 T.tcgen05_after_thread_sync()
                 T.copy(dUS_t, acc_a)
@@ -201,22 +173,8 @@ def bwd_state_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
                     if t0 + i < end:
                         dk0_out[t0 + i, hv, j] = acc_b[i, j]
 
-                # sum(dS .* S0): thread i < K sums row i, then every thread adds the K row sums.
-                if tx < K:
-                    row_sum = 0.0
-                    for j in T.serial(V):
-                        row_sum = row_sum + T.cast(S0_s[tx, j], "float32") * T.cast(dS_s[tx, j], "float32")
-                    ss_s[tx] = row_sum
-                T.sync_threads()
-                ss = 0.0
-                for i in T.serial(K):
-                    ss = ss + ss_s[i]
-                kt1_sum = 0.0
-                for i in T.serial(C):
-                    kt1_sum = kt1_sum + kt1_s[i]
-                for i in T.Parallel(C):
-                    if t0 + i < end:
-                        dgam0_out[t0 + i, hv] = dgu_s[i] - kt1_s[i] + T.if_then_else(
-                            t0 + i == end - 1, T.exp(gam_last) * ss + kt1_sum, 0.0)
+                # sum(dS .* S0) and the chunk's last row of dgam0
+                store_dgam0(S0_s, dS_s, ss_s, kt1_s, dgu_s, gam_last, row_sum, ss, kt1_sum, dgam0_out,
+                            tx, t0, end, hv, C, K, V)
 
     return compile_bwd(bwd_state, arch)
