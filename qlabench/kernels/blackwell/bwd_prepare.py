@@ -20,12 +20,15 @@ hardware): the generated CUDA holds ``tl::tcgen05mma_ws_ss`` (tcgen05.mma), ``tl
 16 UTCHMMA.WS, 1 LDTM, no HMMA (the Hopper file for sm_100a: 32 HMMA.16816); no local-memory spills.
 Checked on every CI run by tests/kernels/test_aot_blackwell.py (source; SASS where cuobjdump is
 installed). Shared memory per block as compiled: 57,856 B.
+The loads and elementwise steps that do not depend on how products are issued are TileLang macros
+in common/bwd_prepare.py, shared with hopper/bwd_prepare.py.
 """
 
 import functools
 
 import tilelang.language as T
 
+from ..common.bwd_prepare import load_chunk, store_masks
 from ..hopper.bwd_common import compile_bwd
 
 
@@ -65,12 +68,7 @@ def bwd_prepare_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: st
             hk = hv // group
 
             if t0 < end:
-                T.copy(q[t0:t0 + C, hk, :], Q_s)
-                T.copy(k[t0:t0 + C, hk, :], K_s)
-                T.copy(A[t0:t0 + C, hv, :], A_s)
-                for i in T.Parallel(C):
-                    gam_s[i] = g_cumsum[T.min(t0 + i, end - 1), hv]
-                    beta_s[i] = T.if_then_else(t0 + i < end, beta[t0 + i, hv], 0.0)
+                load_chunk(q, k, A, g_cumsum, beta, Q_s, K_s, A_s, gam_s, beta_s, t0, end, hk, hv, C)
 
                 T.fence_proxy_async()
                 T.sync_threads()
@@ -78,23 +76,6 @@ def bwd_prepare_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: st
                 T.mbarrier_wait_parity(done[0], 0)
                 T.tcgen05_after_thread_sync()
                 T.copy(P_t, P_f)
-                for i, j in T.Parallel(C, C):
-                    decay = T.exp(gam_s[i] - gam_s[j])
-                    Pg_s[i, j] = T.if_then_else(j <= i, T.cast(scale * decay * P_f[i, j], dtype), T.cast(0, dtype))
-                    Ag_s[i, j] = T.if_then_else(j <= i, T.cast(decay * A_s[i, j] * beta_s[j], dtype),
-                                                T.cast(0, dtype))
-                for i in T.Parallel(C):
-                    fac_out[c, hv, 0, i] = T.exp(gam_s[i])
-                    fac_out[c, hv, 1, i] = T.exp(gam_s[C - 1] - gam_s[i])
-                    fac_out[c, hv, 2, i] = beta_s[i]
-
-                if t0 + C <= end:
-                    T.copy(Pg_s, Pg_out[t0:t0 + C, hv, :])
-                    T.copy(Ag_s, Ag_out[t0:t0 + C, hv, :])
-                else:
-                    for i, j in T.Parallel(C, C):
-                        if t0 + i < end:
-                            Pg_out[t0 + i, hv, j] = Pg_s[i, j]
-                            Ag_out[t0 + i, hv, j] = Ag_s[i, j]
+                store_masks(P_f, A_s, gam_s, beta_s, Pg_s, Ag_s, Pg_out, Ag_out, fac_out, scale, c, t0, end, hv, C, dtype)
 
     return compile_bwd(bwd_prepare, arch)
