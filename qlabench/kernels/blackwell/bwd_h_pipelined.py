@@ -34,12 +34,15 @@ mma.sync and no wgmma; SASS (cuobjdump -sass, hk1_hv2 bf16):
 24 UTCHMMA.WS + 8 UTCHMMA, 3 LDTM, 15 UTMALDG, no HMMA; no local-memory spills.
 Checked on every CI run by tests/kernels/test_aot_blackwell.py (source; SASS where cuobjdump is
 installed). Shared memory per block as compiled: 108,544 B.
+The loads and elementwise steps that do not depend on how products are issued are TileLang macros
+in common/bwd_h.py, shared with hopper/bwd_h_pipelined.py.
 """
 
 import functools
 
 import tilelang.language as T
 
+from ..common.bwd_h import form_y, load_chunk, store_z_mask_k
 from ..hopper.bwd_common import compile_bwd
 
 
@@ -97,36 +100,21 @@ def bwd_h_pipelined_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int,
             for c in T.Pipelined(T.ceildiv(eos - bos, C), num_stages=2):
                 t0 = bos + c * C
                 ph = c % 2  # each barrier completes once per chunk
-                T.copy(k[t0:t0 + C, hk, :], K_s)
-                T.copy(v[t0:t0 + C, h, v0:v0 + BV], V_s)
-                T.copy(A[t0:t0 + C, h, :], A_s)
-                T.copy(fac[cbase + c, h, :, :], F_s)
-
-                T.copy(S_f, S_s)
-                T.copy(S_s, h_out[cbase + c, h, :, v0:v0 + BV])
-                for i, j in T.Parallel(C, C):
-                    Ab_s[i, j] = T.cast(A_s[i, j] * F_s[2, j], dtype)
+                load_chunk(k, v, A, fac, h_out, K_s, V_s, A_s, F_s, S_f, S_s, Ab_s, c, t0, cbase, hk, h, v0, C, BV, dtype)
                 T.fence_proxy_async()
                 T.sync_threads()
                 T.tcgen05_gemm(K_s, S_s, KS_t, clear_accum=True, mbar=bar[0])
                 T.mbarrier_wait_parity(bar[0], ph)
                 T.tcgen05_after_thread_sync()
                 T.copy(KS_t, KS_f)
-                for i, j in T.Parallel(C, BV):
-                    Y_s[i, j] = T.if_then_else(
-                        t0 + i < eos, T.cast(F_s[1, i] * V_s[i, j] - F_s[0, C - 1] * KS_f[i, j], dtype),
-                        T.cast(0, dtype))
+                form_y(KS_f, V_s, F_s, Y_s, t0, eos, C, BV, dtype)
                 T.fence_proxy_async()
                 T.sync_threads()
                 T.tcgen05_gemm(Ab_s, Y_s, Z_t, clear_accum=True, mbar=bar[1])
                 T.mbarrier_wait_parity(bar[1], ph)
                 T.tcgen05_after_thread_sync()
                 T.copy(Z_t, Z_f)
-                for i, j in T.Parallel(C, BV):
-                    Z_s[i, j] = T.if_then_else(t0 + i < eos, T.cast(Z_f[i, j], dtype), T.cast(0, dtype))
-                if t0 + C > eos:  # K S has completed (bar 0)
-                    for i, d in T.Parallel(C, K):
-                        K_s[i, d] = T.if_then_else(t0 + i < eos, K_s[i, d], T.cast(0, dtype))
+                store_z_mask_k(Z_f, Z_s, K_s, t0, eos, C, K, BV, dtype)  # K S has completed (bar 0)
                 T.fence_proxy_async()
                 T.sync_threads()
                 # last reader of K_s: issue + wait in one statement (see the header)

@@ -22,12 +22,15 @@ GEMMs per chunk (wgmma, smem operands, fp32 accumulate): K S 64xBVx128, Ab Y 64x
 Shared memory (BV = 64, bf16): ring 2 x (K 16 KB, V 8 KB, A 8 KB, factors 0.75 KB) = ~66 KB;
 S 16 KB, Ab, Y, Z 3 x 8 KB: ~106 KB.
 Emulated step for step by ``qlabench.kernels.emulate_bwd._emu_h`` (twin ``twin_bwd_h_pipelined``).
+The loads and elementwise steps that do not depend on how products are issued are TileLang macros
+in common/bwd_h.py, shared with blackwell/bwd_h_pipelined.py.
 """
 
 import functools
 
 import tilelang.language as T
 
+from ..common.bwd_h import form_y, load_chunk, store_z_mask_k
 from .bwd_common import compile_bwd
 
 
@@ -77,27 +80,12 @@ def bwd_h_pipelined_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int,
 
             for c in T.Pipelined(T.ceildiv(eos - bos, C), num_stages=2):
                 t0 = bos + c * C
-                T.copy(k[t0:t0 + C, hk, :], K_s)
-                T.copy(v[t0:t0 + C, h, v0:v0 + BV], V_s)
-                T.copy(A[t0:t0 + C, h, :], A_s)
-                T.copy(fac[cbase + c, h, :, :], F_s)
-
-                T.copy(S_f, S_s)
-                T.copy(S_s, h_out[cbase + c, h, :, v0:v0 + BV])
-                for i, j in T.Parallel(C, C):
-                    Ab_s[i, j] = T.cast(A_s[i, j] * F_s[2, j], dtype)
+                load_chunk(k, v, A, fac, h_out, K_s, V_s, A_s, F_s, S_f, S_s, Ab_s, c, t0, cbase, hk, h, v0, C, BV, dtype)
 
                 T.gemm(K_s, S_s, KS_f, clear_accum=True)
-                for i, j in T.Parallel(C, BV):
-                    Y_s[i, j] = T.if_then_else(
-                        t0 + i < eos, T.cast(F_s[1, i] * V_s[i, j] - F_s[0, C - 1] * KS_f[i, j], dtype),
-                        T.cast(0, dtype))
+                form_y(KS_f, V_s, F_s, Y_s, t0, eos, C, BV, dtype)
                 T.gemm(Ab_s, Y_s, Z_f, clear_accum=True)
-                for i, j in T.Parallel(C, BV):
-                    Z_s[i, j] = T.if_then_else(t0 + i < eos, T.cast(Z_f[i, j], dtype), T.cast(0, dtype))
-                if t0 + C > eos:
-                    for i, d in T.Parallel(C, K):
-                        K_s[i, d] = T.if_then_else(t0 + i < eos, K_s[i, d], T.cast(0, dtype))
+                store_z_mask_k(Z_f, Z_s, K_s, t0, eos, C, K, BV, dtype)
 
                 for i, j in T.Parallel(K, BV):
                     S_f[i, j] = S_f[i, j] * F_s[0, C - 1]

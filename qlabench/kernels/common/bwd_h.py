@@ -1,0 +1,45 @@
+"""The per-chunk loads and elementwise steps of bwd_h_pipelined that do not depend on how products
+are issued (TileLang macros used by hopper/bwd_h_pipelined.py and blackwell/bwd_h_pipelined.py,
+inside their T.Pipelined chunk loops; the formulas are in the Hopper file's header). Parameter names
+match the kernels' own names on purpose: TileLang names a buffer or variable passed to a macro after
+the parameter, so equal names keep the generated CUDA of both kernels exactly as it was before these
+steps moved here.
+"""
+
+import tilelang.language as T
+
+
+@T.macro
+def load_chunk(k, v, A, fac, h_out, K_s, V_s, A_s, F_s, S_f, S_s, Ab_s, c, t0, cbase, hk, h, v0,
+               C: int, BV: int, dtype: str):
+    """The chunk's K, V, A tiles and factors; the state S (bf16) into shared memory and out as this
+    chunk's h; Ab = A .* beta_col."""
+    T.copy(k[t0:t0 + C, hk, :], K_s)
+    T.copy(v[t0:t0 + C, h, v0:v0 + BV], V_s)
+    T.copy(A[t0:t0 + C, h, :], A_s)
+    T.copy(fac[cbase + c, h, :, :], F_s)
+
+    T.copy(S_f, S_s)
+    T.copy(S_s, h_out[cbase + c, h, :, v0:v0 + BV])
+    for i, j in T.Parallel(C, C):
+        Ab_s[i, j] = T.cast(A_s[i, j] * F_s[2, j], dtype)
+
+
+@T.macro
+def form_y(KS_f, V_s, F_s, Y_s, t0, eos, C: int, BV: int, dtype: str):
+    """Y = diag(r) V - e_last K S (K S in KS_f), zero past the sequence end."""
+    for i, j in T.Parallel(C, BV):
+        Y_s[i, j] = T.if_then_else(
+            t0 + i < eos, T.cast(F_s[1, i] * V_s[i, j] - F_s[0, C - 1] * KS_f[i, j], dtype),
+            T.cast(0, dtype))
+
+
+@T.macro
+def store_z_mask_k(Z_f, Z_s, K_s, t0, eos, C: int, K: int, BV: int, dtype: str):
+    """Z = Ab Y (in Z_f) as bf16, zero past the sequence end; on a partial chunk K's rows past the
+    end are zeroed as well (a read-modify-write select) before K^T Z."""
+    for i, j in T.Parallel(C, BV):
+        Z_s[i, j] = T.if_then_else(t0 + i < eos, T.cast(Z_f[i, j], dtype), T.cast(0, dtype))
+    if t0 + C > eos:
+        for i, d in T.Parallel(C, K):
+            K_s[i, d] = T.if_then_else(t0 + i < eos, K_s[i, d], T.cast(0, dtype))
