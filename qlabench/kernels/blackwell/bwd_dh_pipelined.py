@@ -39,12 +39,15 @@ mma.sync and no wgmma; SASS (cuobjdump -sass, hk1_hv2 bf16):
 32 UTCHMMA.WS + 16 UTCHMMA, 4 LDTM, 24 UTMALDG, no HMMA; no local-memory spills.
 Checked on every CI run by tests/kernels/test_aot_blackwell.py (source; SASS where cuobjdump is
 installed). Shared memory per block as compiled: 165,888 B.
+The loads and elementwise steps that do not depend on how products are issued are TileLang macros
+in common/bwd_dh.py, shared with hopper/bwd_dh_pipelined.py.
 """
 
 import functools
 
 import tilelang.language as T
 
+from ..common.bwd_dh import dw_du, load_chunk, store_dvp_dv, store_state
 from ..hopper.bwd_common import compile_bwd
 
 
@@ -115,27 +118,11 @@ def bwd_dh_pipelined_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int
                 c = n_chunks - 1 - cr
                 t0 = bos + c * C
                 ph = cr % 2  # each barrier completes once per chunk
-                T.copy(q[t0:t0 + C, hk, :], Q_s)
-                T.copy(k[t0:t0 + C, hk, :], K_s)
-                T.copy(do[t0:t0 + C, h, v0:v0 + BV], dO_s)
-                T.copy(Pg[t0:t0 + C, h, :], Pg_s)
-                T.copy(Ag[t0:t0 + C, h, :], Ag_s)
-                T.copy(fac[cbase + c, h, :, :], F_s)
-                if t0 + C > eos:
-                    # read-modify-write selects: reading the tiles makes the pipeline wait for their loads
-                    for i, d in T.Parallel(C, K):
-                        Q_s[i, d] = T.if_then_else(t0 + i < eos, Q_s[i, d], T.cast(0, dtype))
-                        K_s[i, d] = T.if_then_else(t0 + i < eos, K_s[i, d], T.cast(0, dtype))
-                    for i, j in T.Parallel(C, BV):
-                        dO_s[i, j] = T.if_then_else(t0 + i < eos, dO_s[i, j], T.cast(0, dtype))
-                    for i, j in T.Parallel(C, C):
-                        Pg_s[i, j] = T.if_then_else(t0 + i < eos, Pg_s[i, j], T.cast(0, dtype))
-                        Ag_s[i, j] = T.if_then_else(t0 + i < eos, Ag_s[i, j], T.cast(0, dtype))
+                # rows past the sequence end zeroed by read-modify-write selects (see load_chunk)
+                load_chunk(q, k, do, Pg, Ag, fac, Q_s, K_s, dO_s, Pg_s, Ag_s, F_s, c, t0, eos, cbase, hk, h, v0,
+                           C, K, BV, dtype)
 
-                T.copy(dS_f, dS_s)
-                T.copy(dS_s, dh_out[cbase + c, h, :, v0:v0 + BV])
-                for i, j in T.Parallel(C, BV):
-                    eDO_s[i, j] = T.cast(scale * F_s[0, i] * dO_s[i, j], dtype)
+                store_state(dS_f, dS_s, dh_out, eDO_s, F_s, dO_s, scale, c, cbase, h, v0, C, BV, dtype)
                 T.fence_proxy_async()
                 T.sync_threads()
                 T.tcgen05_gemm(K_s, dS_s, KdS_t, clear_accum=True, mbar=bar[0])
@@ -156,21 +143,12 @@ def bwd_dh_pipelined_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int
                 T.mbarrier_wait_parity(bar[2], ph)
                 T.tcgen05_after_thread_sync()
                 T.copy(dW_t, dW_f)
-                for i, j in T.Parallel(C, BV):
-                    dW_s[i, j] = T.cast(dW_f[i, j], dtype)
-                    dU_s[i, j] = T.cast(-F_s[0, i] * dW_f[i, j], dtype)
+                dw_du(dW_f, F_s, dW_s, dU_s, C, BV, dtype)
                 T.fence_proxy_async()
                 T.sync_threads()
                 T.gemm(K_s, dU_s, dSn_t, transpose_A=True, clear_accum=True, mbar=bar[3])  # last reader of K_s
                 T.gemm(Q_s, eDO_s, dSn_t, transpose_A=True, mbar=bar[4])  # accumulates; last reader of Q_s
-                if t0 + C <= eos:
-                    T.copy(dVp_s, dvp_out[t0:t0 + C, h, v0:v0 + BV])
-                    T.copy(dW_s, dv_out[t0:t0 + C, h, v0:v0 + BV])
-                else:
-                    for i, j in T.Parallel(C, BV):
-                        if t0 + i < eos:
-                            dvp_out[t0 + i, h, v0 + j] = dVp_s[i, j]
-                            dv_out[t0 + i, h, v0 + j] = dW_s[i, j]
+                store_dvp_dv(dVp_s, dW_s, dvp_out, dv_out, t0, eos, h, v0, C, BV)
 
                 T.mbarrier_wait_parity(bar[4], ph)
                 T.tcgen05_after_thread_sync()

@@ -29,12 +29,15 @@ Shared memory (BV = 64, bf16): ring 2 x (Q, K 2 x 16 KB, dO 8 KB, Pg, Ag 2 x 8 K
 0.75 KB) = ~114 KB; dS 16 KB, dV', dv, dU, eDO 4 x 8 KB: ~162 KB.
 scale is a runtime argument (one compiled kernel serves every scale).
 Emulated step for step by ``qlabench.kernels.emulate_bwd._emu_dh`` (twin ``twin_bwd_dh_pipelined``).
+The loads and elementwise steps that do not depend on how products are issued are TileLang macros
+in common/bwd_dh.py, shared with blackwell/bwd_dh_pipelined.py.
 """
 
 import functools
 
 import tilelang.language as T
 
+from ..common.bwd_dh import dw_du, load_chunk, store_dvp_dv, store_state
 from .bwd_common import compile_bwd
 
 
@@ -95,28 +98,11 @@ def bwd_dh_pipelined_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int
             for cr in T.Pipelined(n_chunks, num_stages=2):
                 c = n_chunks - 1 - cr
                 t0 = bos + c * C
-                T.copy(q[t0:t0 + C, hk, :], Q_s)
-                T.copy(k[t0:t0 + C, hk, :], K_s)
-                T.copy(do[t0:t0 + C, h, v0:v0 + BV], dO_s)
-                T.copy(Pg[t0:t0 + C, h, :], Pg_s)
-                T.copy(Ag[t0:t0 + C, h, :], Ag_s)
-                T.copy(fac[cbase + c, h, :, :], F_s)
-                if t0 + C > eos:
-                    # Read-modify-write selects: reading the tiles makes the pipeline wait for their
-                    # TMA loads first (a plain store of zeros would race with the load).
-                    for i, d in T.Parallel(C, K):
-                        Q_s[i, d] = T.if_then_else(t0 + i < eos, Q_s[i, d], T.cast(0, dtype))
-                        K_s[i, d] = T.if_then_else(t0 + i < eos, K_s[i, d], T.cast(0, dtype))
-                    for i, j in T.Parallel(C, BV):
-                        dO_s[i, j] = T.if_then_else(t0 + i < eos, dO_s[i, j], T.cast(0, dtype))
-                    for i, j in T.Parallel(C, C):
-                        Pg_s[i, j] = T.if_then_else(t0 + i < eos, Pg_s[i, j], T.cast(0, dtype))
-                        Ag_s[i, j] = T.if_then_else(t0 + i < eos, Ag_s[i, j], T.cast(0, dtype))
+                # rows past the sequence end zeroed by read-modify-write selects (see load_chunk)
+                load_chunk(q, k, do, Pg, Ag, fac, Q_s, K_s, dO_s, Pg_s, Ag_s, F_s, c, t0, eos, cbase, hk, h, v0,
+                           C, K, BV, dtype)
 
-                T.copy(dS_f, dS_s)
-                T.copy(dS_s, dh_out[cbase + c, h, :, v0:v0 + BV])
-                for i, j in T.Parallel(C, BV):
-                    eDO_s[i, j] = T.cast(scale * F_s[0, i] * dO_s[i, j], dtype)
+                store_state(dS_f, dS_s, dh_out, eDO_s, F_s, dO_s, scale, c, cbase, h, v0, C, BV, dtype)
 
                 T.gemm(K_s, dS_s, dVp_f, clear_accum=True)
                 for i, j in T.Parallel(C, BV):
@@ -126,17 +112,8 @@ def bwd_dh_pipelined_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int
                     dVp_s[i, j] = T.if_then_else(t0 + i < eos, T.cast(dVp_f[i, j], dtype), T.cast(0, dtype))
 
                 T.gemm(Ag_s, dVp_s, dW_f, transpose_A=True, clear_accum=True)
-                for i, j in T.Parallel(C, BV):
-                    dW_s[i, j] = T.cast(dW_f[i, j], dtype)
-                    dU_s[i, j] = T.cast(-F_s[0, i] * dW_f[i, j], dtype)
-                if t0 + C <= eos:
-                    T.copy(dVp_s, dvp_out[t0:t0 + C, h, v0:v0 + BV])
-                    T.copy(dW_s, dv_out[t0:t0 + C, h, v0:v0 + BV])
-                else:
-                    for i, j in T.Parallel(C, BV):
-                        if t0 + i < eos:
-                            dvp_out[t0 + i, h, v0 + j] = dVp_s[i, j]
-                            dv_out[t0 + i, h, v0 + j] = dW_s[i, j]
+                dw_du(dW_f, F_s, dW_s, dU_s, C, BV, dtype)
+                store_dvp_dv(dVp_s, dW_s, dvp_out, dv_out, t0, eos, h, v0, C, BV)
 
                 for i, j in T.Parallel(K, BV):
                     dS_f[i, j] = dS_f[i, j] * F_s[0, C - 1]
