@@ -61,6 +61,8 @@ run on Blackwell hardware):
     UTCHMMA.)
   * tests/kernels/test_aot_blackwell.py re-checks the source on every CI run, and the SASS where
     cuobjdump + nvdisasm are installed.
+The loads and elementwise steps that do not depend on how products are issued are TileLang macros
+in common/chunk_fwd.py, shared with hopper/chunk_fwd.py.
 """
 
 import functools
@@ -68,6 +70,7 @@ import functools
 import tilelang.language as T
 
 from ..common.build import compile_for
+from ..common.chunk_fwd import form_vd_vr, form_w, load_chunk, load_state
 
 
 @functools.cache
@@ -81,9 +84,6 @@ def chunk_fwd_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype
     if C != 64 or K != 128:
         raise ValueError(f"the sm100 chunk_fwd is written for C = 64, K = 128 (got C = {C}, K = {K})")
 
-    def rows(t0, eos, i, value):
-        """value on rows of the sequence; zero past its end, where whole-tile loads hold other data."""
-        return T.if_then_else(t0 + i < eos, value, T.cast(0, dtype))
     group = h_v // h_qk
     THREADS = 128
     # tcgen05 in TileLang 0.1.15 has 64-row atoms only with N >= 64: narrower V tiles compute on a
@@ -174,22 +174,12 @@ def chunk_fwd_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype
             skip = T.max(T.if_then_else(has_skip != 0, chunk_skip[skip_row, h], 0), 0)
             n_run = T.max(T.ceildiv(eos - bos, C) - skip, 0)
 
-            for i, j in T.Parallel(K, MW):
-                if state_v_first:
-                    S_f[i, j] = T.if_then_else(has_h0 != 0, h0[n, h, v0 + j, i], 0.0)
-                else:
-                    S_f[i, j] = T.if_then_else(has_h0 != 0, h0[n, h, i, v0 + j], 0.0)
+            load_state(S_f, h0, has_h0, n, h, v0, K, MW, state_v_first)
 
             for c in (T.Pipelined(n_run, num_stages=2) if pipelined else T.serial(n_run)):
                 t0 = bos + (skip + c) * C
                 ph = c % 2  # each barrier completes once per chunk
-                T.copy(q[t0:t0 + C, hk, :], Q_s)
-                T.copy(k[t0:t0 + C, hk, :], K_s)
-                T.copy(v[t0:t0 + C, h, v0:v0 + MW], V_s)
-                T.copy(Ag[t0:t0 + C, h, :], Ag_s)
-                T.copy(Pm[t0:t0 + C, h, :], P_s)
-                for i in T.Parallel(C):
-                    gam_s[i] = g_cumsum[T.min(t0 + i, eos - 1), h]
+                load_chunk(q, k, v, Ag, Pm, g_cumsum, Q_s, K_s, V_s, Ag_s, P_s, gam_s, t0, eos, h, hk, v0, C, MW)
                 T.copy(S_f, S_s)
                 if store_h != 0:
                     for i, j in T.Parallel(K, MW):
@@ -207,21 +197,14 @@ def chunk_fwd_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype
                 T.mbarrier_wait_parity(bar[0], ph)
                 T.tcgen05_after_thread_sync()
                 T.copy(U_t, U_f)
-                for i, j in T.Parallel(C, MW):
-                    W_s[i, j] = rows(t0, eos, i, T.cast(V_s[i, j] - T.exp(gam_s[i]) * U_f[i, j], dtype))
+                form_w(V_s, U_f, gam_s, W_s, t0, eos, C, MW, dtype)
                 T.fence_proxy_async()
                 T.sync_threads()
                 mma(Ag_s, W_s, Vd_t, bar[2], last_use=True)  # Ag_s: last read
                 T.mbarrier_wait_parity(bar[2], ph)
                 T.tcgen05_after_thread_sync()
                 T.copy(Vd_t, U_f)  # U_f now holds Vd
-                for i, j in T.Parallel(C, MW):
-                    Vd_s[i, j] = rows(t0, eos, i, T.cast(U_f[i, j], dtype))
-                    Vr_s[i, j] = rows(t0, eos, i, T.cast(T.exp(gam_last - gam_s[i]) * U_f[i, j], dtype))
-                if t0 + C > eos:  # K S has completed (bar 0): K's padded rows may be zeroed now
-                    for i, d in T.Parallel(C, K):
-                        if t0 + i >= eos:
-                            K_s[i, d] = T.cast(0, dtype)
+                form_vd_vr(U_f, gam_s, gam_last, Vd_s, Vr_s, K_s, t0, eos, C, K, MW, dtype)  # K S has completed (bar 0): K's padded rows may be zeroed now
                 T.fence_proxy_async()
                 T.sync_threads()
                 mma(K_s, Vr_s, KV_t, bar[4], transpose_A=True, last_use=True)  # K_s: last read

@@ -40,6 +40,8 @@ s .. ceil((eos - bos) / C) - 1 (none when s is at or past the chunk count) from 
 h0 (or zero); o rows and h rows of the skipped chunks are not written, h rows keep their meaning
 (row chunk_offsets[n] + chunk index in the sequence), the padding-tail zero-fill is unchanged. With
 has_skip == 0 chunk_skip is never read (a [1, H_v] dummy does) and every chunk runs.
+The loads and elementwise steps that do not depend on how products are issued are TileLang macros
+in common/chunk_fwd.py, shared with blackwell/chunk_fwd.py.
 """
 
 import functools
@@ -47,6 +49,7 @@ import functools
 import tilelang.language as T
 
 from ..common.build import compile_for
+from ..common.chunk_fwd import form_vd_vr, form_w, load_chunk, load_state
 
 
 @functools.cache
@@ -60,9 +63,6 @@ def chunk_fwd_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype
     n_skip >= 1 when has_skip == 0, else one row per sequence of cu_seqlens)."""
     name = "chunk_fwd_pipelined" if pipelined else "chunk_fwd"
 
-    def rows(t0, eos, i, value):
-        """value on rows of the sequence; zero past its end, where pipelined tiles hold other data."""
-        return T.if_then_else(t0 + i < eos, value, T.cast(0, dtype))
     group = h_v // h_qk
     THREADS = 256  # two warpgroups share every GEMM (N split) and the elementwise work
     NV = V // BV
@@ -121,21 +121,11 @@ def chunk_fwd_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype
             skip = T.max(T.if_then_else(has_skip != 0, chunk_skip[skip_row, h], 0), 0)
             n_run = T.max(T.ceildiv(eos - bos, C) - skip, 0)
 
-            for i, j in T.Parallel(K, BV):
-                if state_v_first:
-                    S_f[i, j] = T.if_then_else(has_h0 != 0, h0[n, h, v0 + j, i], 0.0)
-                else:
-                    S_f[i, j] = T.if_then_else(has_h0 != 0, h0[n, h, i, v0 + j], 0.0)
+            load_state(S_f, h0, has_h0, n, h, v0, K, BV, state_v_first)
 
             for c in (T.Pipelined(n_run, num_stages=2) if pipelined else T.serial(n_run)):
                 t0 = bos + (skip + c) * C
-                T.copy(q[t0:t0 + C, hk, :], Q_s)
-                T.copy(k[t0:t0 + C, hk, :], K_s)
-                T.copy(v[t0:t0 + C, h, v0:v0 + BV], V_s)
-                T.copy(Ag[t0:t0 + C, h, :], Ag_s)
-                T.copy(Pm[t0:t0 + C, h, :], P_s)
-                for i in T.Parallel(C):
-                    gam_s[i] = g_cumsum[T.min(t0 + i, eos - 1), h]
+                load_chunk(q, k, v, Ag, Pm, g_cumsum, Q_s, K_s, V_s, Ag_s, P_s, gam_s, t0, eos, h, hk, v0, C, BV)
                 T.copy(S_f, S_s)
                 if store_h != 0:
                     for i, j in T.Parallel(K, BV):
@@ -146,17 +136,10 @@ def chunk_fwd_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype
                 gam_last = gam_s[C - 1]
 
                 T.gemm(K_s, S_s, U_f, clear_accum=True)
-                for i, j in T.Parallel(C, BV):
-                    W_s[i, j] = rows(t0, eos, i, T.cast(V_s[i, j] - T.exp(gam_s[i]) * U_f[i, j], dtype))
+                form_w(V_s, U_f, gam_s, W_s, t0, eos, C, BV, dtype)
 
                 T.gemm(Ag_s, W_s, U_f, clear_accum=True)  # U_f now holds Vd
-                for i, j in T.Parallel(C, BV):
-                    Vd_s[i, j] = rows(t0, eos, i, T.cast(U_f[i, j], dtype))
-                    Vr_s[i, j] = rows(t0, eos, i, T.cast(T.exp(gam_last - gam_s[i]) * U_f[i, j], dtype))
-                if t0 + C > eos:
-                    for i, d in T.Parallel(C, K):
-                        if t0 + i >= eos:
-                            K_s[i, d] = T.cast(0, dtype)
+                form_vd_vr(U_f, gam_s, gam_last, Vd_s, Vr_s, K_s, t0, eos, C, K, BV, dtype)
 
                 T.gemm(Q_s, S_s, O_f, clear_accum=True)
                 for i, j in T.Parallel(C, BV):
