@@ -29,6 +29,8 @@ read-back; ``tl::mma_sync`` remains only in the tf32 inverse merge. SASS (cuobjd
 bf16): 32 UTCHMMA.WS, 2 LDTM, 3 UTCBAR, 16 HMMA.1688.F32.TF32 (the merge); the Hopper file compiled
 for sm_100a has 32 HMMA.16816.F32.BF16 instead. tests/kernels/test_aot_blackwell.py re-checks the
 source on every CI run, and the SASS where cuobjdump + nvdisasm are installed.
+The loads and elementwise steps around the products and the inverse are TileLang macros in
+common/kkt_solve.py, shared with hopper/kkt_solve.py.
 """
 
 import functools
@@ -36,6 +38,7 @@ import functools
 import tilelang.language as T
 
 from ..common.build import compile_for
+from ..common.kkt_solve import build_l, load_chunk, store_a_ag, store_pm
 from ..common.tri_inverse import invert_diag_blocks, merge_32_to_64, merge_pairs
 
 
@@ -81,12 +84,7 @@ def kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str)
             end = chunk_bounds[c, 1]
             hk = h // group
             if end > start:
-                for i, d in T.Parallel(C, K):
-                    K_s[i, d] = T.if_then_else(start + i < end, k[start + i, hk, d], T.cast(0, dtype))
-                    Q_s[i, d] = T.if_then_else(start + i < end, q[start + i, hk, d], T.cast(0, dtype))
-                for i in T.Parallel(C):
-                    b_s[i] = T.if_then_else(start + i < end, beta[start + i, h], 0.0)
-                    gam_s[i] = g_cumsum[T.min(start + i, end - 1), h]
+                load_chunk(q, k, g_cumsum, beta, K_s, Q_s, b_s, gam_s, start, end, h, hk, C, K, dtype)
                 # generic-proxy stores above -> async-proxy (tensor core) reads below
                 T.fence_proxy_async()
                 T.sync_threads()
@@ -95,26 +93,16 @@ def kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str)
                 T.mbarrier_wait_parity(done[1], 0)
                 T.tcgen05_after_thread_sync()
                 T.copy(qkt_t, qkt)
-                for i, j in T.Parallel(C, C):
-                    if start + i < end:
-                        Pm[start + i, h, j] = T.if_then_else(
-                            j <= i, T.cast(scale * T.exp(gam_s[i] - gam_s[j]) * qkt[i, j], dtype), T.cast(0, dtype))
+                store_pm(qkt, gam_s, Pm, scale, start, end, h, C, dtype)
                 T.mbarrier_wait_parity(done[0], 0)
                 T.tcgen05_after_thread_sync()
                 T.copy(kkt_t, kkt)
-                for i, j in T.Parallel(C, C):
-                    L_s[i, j] = T.if_then_else(j < i, b_s[i] * kkt[i, j], 0.0)
-                    X_s[i, j] = 0.0
-                T.sync_threads()
+                build_l(kkt, b_s, L_s, X_s, C)
                 # 16 x 16 diagonal blocks: forward substitution, one thread per (block, column)
                 invert_diag_blocks(L_s, X_s, acc, tx, C, DIAG)
                 merge_pairs(L_s, X_s, M_s, tx, C, DIAG, THREADS)  # 16 -> 32, CUDA cores
                 # 32 -> 64: X21 = -X22 (L21 X11), two 32 x 32 x 32 fp32 products (mma.sync, tf32)
                 merge_32_to_64(L_s, X_s, M_s, M_f, C)
-                for i, j in T.Parallel(C, C):
-                    if start + i < end:
-                        A[start + i, h, j] = T.cast(X_s[i, j], dtype)
-                        Ag[start + i, h, j] = T.if_then_else(
-                            j <= i, T.cast(T.exp(gam_s[i] - gam_s[j]) * X_s[i, j] * b_s[j], dtype), T.cast(0, dtype))
+                store_a_ag(X_s, gam_s, b_s, A, Ag, start, end, h, C, dtype)
 
     return compile_for(kkt_solve, arch)

@@ -27,6 +27,8 @@ Grid: (NCmax chunks, H_v); blocks past the real chunk count exit. Threads: 128 (
 Shared memory: Q, K 64x128 bf16 (32 KB) + L and X 64x64 fp32 (32 KB) + product scratch 32x32 fp32
 (4 KB) + beta, gam: ~69 KB declared; TileLang overlaps buffers by lifetime (37 KB per block as compiled
 before the tensor-core merge, ncu).
+The loads and elementwise steps around the products and the inverse are TileLang macros in
+common/kkt_solve.py, shared with blackwell/kkt_solve.py.
 """
 
 import functools
@@ -34,6 +36,7 @@ import functools
 import tilelang.language as T
 
 from ..common.build import compile_for
+from ..common.kkt_solve import build_l, load_chunk, store_a_ag, store_pm
 from ..common.tri_inverse import invert_diag_blocks, merge_32_to_64, merge_pairs
 
 
@@ -76,32 +79,17 @@ def kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str)
             end = chunk_bounds[c, 1]
             hk = h // group
             if end > start:
-                for i, d in T.Parallel(C, K):
-                    K_s[i, d] = T.if_then_else(start + i < end, k[start + i, hk, d], T.cast(0, dtype))
-                    Q_s[i, d] = T.if_then_else(start + i < end, q[start + i, hk, d], T.cast(0, dtype))
-                for i in T.Parallel(C):
-                    b_s[i] = T.if_then_else(start + i < end, beta[start + i, h], 0.0)
-                    gam_s[i] = g_cumsum[T.min(start + i, end - 1), h]
+                load_chunk(q, k, g_cumsum, beta, K_s, Q_s, b_s, gam_s, start, end, h, hk, C, K, dtype)
                 T.gemm(K_s, K_s, kkt, transpose_B=True, clear_accum=True)
                 T.gemm(Q_s, K_s, qkt, transpose_B=True, clear_accum=True)
-                for i, j in T.Parallel(C, C):
-                    if start + i < end:
-                        Pm[start + i, h, j] = T.if_then_else(
-                            j <= i, T.cast(scale * T.exp(gam_s[i] - gam_s[j]) * qkt[i, j], dtype), T.cast(0, dtype))
-                for i, j in T.Parallel(C, C):
-                    L_s[i, j] = T.if_then_else(j < i, b_s[i] * kkt[i, j], 0.0)
-                    X_s[i, j] = 0.0
-                T.sync_threads()
+                store_pm(qkt, gam_s, Pm, scale, start, end, h, C, dtype)
+                build_l(kkt, b_s, L_s, X_s, C)
                 # 16 x 16 diagonal blocks: forward substitution, one thread per (block, column)
                 invert_diag_blocks(L_s, X_s, acc, tx, C, DIAG)
                 # merge by doubling: X21 = -X22 (L21 X11) for every pair of s-blocks
                 merge_pairs(L_s, X_s, M_s, tx, C, DIAG, THREADS)  # 16 -> 32
                 if C == 4 * DIAG:  # 32 -> 64: two 32 x 32 x 32 products on tensor cores (tf32)
                     merge_32_to_64(L_s, X_s, M_s, M_f, C)
-                for i, j in T.Parallel(C, C):
-                    if start + i < end:
-                        A[start + i, h, j] = T.cast(X_s[i, j], dtype)
-                        Ag[start + i, h, j] = T.if_then_else(
-                            j <= i, T.cast(T.exp(gam_s[i] - gam_s[j]) * X_s[i, j] * b_s[j], dtype), T.cast(0, dtype))
+                store_a_ag(X_s, gam_s, b_s, A, Ag, start, end, h, C, dtype)
 
     return compile_for(kkt_solve, arch)
