@@ -42,7 +42,7 @@ import functools
 
 import tilelang.language as T
 
-from ..common.bwd_h import form_y, load_chunk, store_z_mask_k
+from ..common.bwd_h import form_y, load_chunk, sequence_block, store_z_mask_k
 from ..hopper.bwd_common import compile_bwd
 
 
@@ -87,13 +87,7 @@ def bwd_h_pipelined_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int,
             KS_f = T.alloc_fragment((C, BV), "float32")
             Z_f = T.alloc_fragment((C, BV), "float32")
 
-            n = nh // h_v
-            h = nh % h_v
-            hk = h // group
-            v0 = iv * BV
-            bos = cu_seqlens[n]
-            eos = cu_seqlens[n + 1]
-            cbase = chunk_offsets[n]
+            n, h, hk, v0, bos, eos, cbase = sequence_block(cu_seqlens, chunk_offsets, iv, nh, h_v, group, BV)
 
             T.copy(h0[n, h, :, v0:v0 + BV], S_f)
 

@@ -1,6 +1,7 @@
 """The per-chunk loads and elementwise steps of bwd_h_pipelined that do not depend on how products
 are issued (TileLang macros used by hopper/bwd_h_pipelined.py and blackwell/bwd_h_pipelined.py,
-inside their T.Pipelined chunk loops; the formulas are in the Hopper file's header). Parameter names
+inside their T.Pipelined chunk loops; the formulas are in the Hopper file's header), and the block's
+sequence / head / V-tile indices (``sequence_block``), which bwd_dh_pipelined.py shares. Parameter names
 match the kernels' own names on purpose: TileLang names a buffer or variable passed to a macro after
 the parameter, so equal names keep the generated CUDA of both kernels exactly as it was before these
 steps moved here.
@@ -43,3 +44,18 @@ def store_z_mask_k(Z_f, Z_s, K_s, t0, eos, C: int, K: int, BV: int, dtype: str):
     if t0 + C > eos:
         for i, d in T.Parallel(C, K):
             K_s[i, d] = T.if_then_else(t0 + i < eos, K_s[i, d], T.cast(0, dtype))
+
+
+@T.macro
+def sequence_block(cu_seqlens, chunk_offsets, bx, by, h_v: int, group: int, BV: int):
+    """Sequence n, v-head h, its k-head hk, first V column v0, token range [bos, eos) and first chunk
+    row cbase of the block (bx = V tile, by = n * H_v + h: the kernels' ``iv`` and ``nh``, passed
+    under the names T.Kernel gives them); used by bwd_h and bwd_dh alike."""
+    n = by // h_v
+    h = by % h_v
+    hk = h // group
+    v0 = bx * BV
+    bos = cu_seqlens[n]
+    eos = cu_seqlens[n + 1]
+    cbase = chunk_offsets[n]
+    return n, h, hk, v0, bos, eos, cbase

@@ -38,6 +38,7 @@ import functools
 import tilelang.language as T
 
 from ..common.bwd_dh import dw_du, load_chunk, store_dvp_dv, store_state
+from ..common.bwd_h import sequence_block
 from .bwd_common import compile_bwd
 
 
@@ -84,13 +85,7 @@ def bwd_dh_pipelined_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int
             dVp_f = T.alloc_fragment((C, BV), "float32")
             dW_f = T.alloc_fragment((C, BV), "float32")
 
-            n = nh // h_v
-            h = nh % h_v
-            hk = h // group
-            v0 = iv * BV
-            bos = cu_seqlens[n]
-            eos = cu_seqlens[n + 1]
-            cbase = chunk_offsets[n]
+            n, h, hk, v0, bos, eos, cbase = sequence_block(cu_seqlens, chunk_offsets, iv, nh, h_v, group, BV)
             n_chunks = T.ceildiv(eos - bos, C)
 
             T.copy(dht[n, h, :, v0:v0 + BV], dS_f)
