@@ -109,12 +109,6 @@ def recurrence_role(n_blocks: int, sm_count: int) -> str:
     return _RECURRENCE_ROLES[choice]
 
 
-def use_pipelined(n_blocks: int, sm_count: int) -> bool:
-    """Whether the recurrence overlaps the loads of chunk c + 1 with chunk c (every role but the plain
-    ``chunk_fwd``; see ``recurrence_role``)."""
-    return recurrence_role(n_blocks, sm_count) != "chunk_fwd"
-
-
 def recurrence_kernel(n_blocks: int, sm_count: int, arch: Arch | str):
     """The chunk-recurrence kernel factory of ``arch`` for a grid of ``n_blocks`` blocks."""
     return kernel_factory(arch, recurrence_role(n_blocks, sm_count))
