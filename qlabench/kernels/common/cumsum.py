@@ -2,9 +2,12 @@
 
 Formula: gam[t] = sum_{s in chunk(t), s <= t} g[s]   (reverse: sum over s >= t).
 Grid: one block per chunk (chunk table bound NCmax; rows past the real chunk count exit), all H
-heads of the chunk in that block. Threads: one per head (heads looped in steps of the block size);
-each walks the <= C tokens of its chunk serially in fp32; reads across threads are coalesced over
-heads. Shared memory: none.
+heads of the chunk in that block. Threads: the block loads the chunk's [C, H] tile of g into shared
+memory in parallel (coalesced over heads; rows past the chunk end read as 0), then one thread per
+head scans its column in shared memory in fp32 (heads looped in steps of the block size), then the
+block stores the rows inside the chunk. Shared memory: C x H x 4 bytes (16 KB at C = 64, H = 64).
+(The first version scanned straight from global memory: 64 dependent load-add-store steps per
+thread, ~28 us per call at any size on the H200.)
 """
 
 
@@ -18,7 +21,7 @@ from .build import compile_for
 
 @functools.cache
 def chunk_local_cumsum_kernel(H: int, C: int, reverse: bool, arch: str):
-    threads = 128 if H > 64 else (64 if H > 32 else 32)
+    threads = 128
     n_tok = T.dynamic("n_tok")
     n_chunks = T.dynamic("n_chunks")
 
@@ -32,16 +35,21 @@ def chunk_local_cumsum_kernel(H: int, C: int, reverse: bool, arch: str):
             tx = T.get_thread_binding()
             start = chunk_bounds[c, 0]
             end = chunk_bounds[c, 1]
+            tile = T.alloc_shared((C, H), "float32")
             acc = T.alloc_var("float32")
+            for i, h in T.Parallel(C, H):
+                tile[i, h] = T.if_then_else(start + i < end, g[start + i, h], 0.0)
             for hb in T.serial(T.ceildiv(H, threads)):
                 h = hb * threads + tx
                 if h < H:
                     acc = 0.0
                     for i in T.serial(C):
-                        t = (end - 1 - i) if reverse else (start + i)
-                        if start + i < end:
-                            acc = acc + g[t, h]
-                            out[t, h] = acc
+                        row = (C - 1 - i) if reverse else i
+                        acc = acc + tile[row, h]
+                        tile[row, h] = acc
+            for i, h in T.Parallel(C, H):
+                if start + i < end:
+                    out[start + i, h] = tile[i, h]
 
     return compile_for(chunk_local_cumsum, arch)
 
