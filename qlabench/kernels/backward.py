@@ -155,6 +155,25 @@ def chunk_gated_delta_rule_bwd(q, k, v, g_cumsum, beta, A, do, dht=None, scale=N
                      arch.chunk_size, kernels)
 
 
+def _zero_padding_tail(table, n_tok: int, buffers) -> None:
+    """Zeroes the padding tail (tokens from cu_seqlens[-1] on) of every ``[n_tok, ...]`` buffer in place.
+
+    With the host value of cu_seqlens[-1] (``table.tokens_end``) only the tail rows are written (a
+    slice memset, as common/cumsum.py does); without it (a CUDA-graph capture of an unseen cu_seqlens)
+    a device mask over the whole buffers, no host sync. In place either way: every buffer is ours, and
+    an out-of-place masked_fill would clone each tensor first.
+    """
+    end = table.tokens_end
+    if end is not None:
+        if end < n_tok:
+            for x in buffers:
+                x[end:].zero_()
+        return
+    tail = torch.arange(n_tok, device=table.cu_seqlens.device) >= table.cu_seqlens[-1]
+    for x in buffers:
+        x.masked_fill_(tail.view((n_tok,) + (1,) * (x.dim() - 1)), 0)
+
+
 def _bwd_impl(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, state_v_first, C,
               kernels):
     """Runs the five kernels (``kernels`` maps names to callables with the compiled signatures)."""
@@ -209,14 +228,8 @@ def _bwd_impl(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens,
     if G > 1:
         dq_v = dq_v.view(BT, p.h_qk, G, p.K).sum(2)
         dk_v = dk_v.view(BT, p.h_qk, G, p.K).sum(2)
-    if cu_seqlens is not None:
-        # Zero the padding tail after cu_seqlens[-1] in place (every buffer here is our own; an
-        # out-of-place masked_fill would clone each tensor first). Dense inputs have no tail.
-        tail = torch.arange(BT, device=dev) >= cu[-1]
-        for x in (dq_v, dk_v, dv):
-            x.masked_fill_(tail[:, None, None], 0)
-        for x in (dbeta, dg):
-            x.masked_fill_(tail[:, None], 0)
+    if cu_seqlens is not None:  # dense inputs have no padding tail
+        _zero_padding_tail(table, BT, (dq_v, dk_v, dv, dbeta, dg))
     dq = dq_v.to(dtype).reshape(p.B, p.T, p.h_qk, p.K)
     dk = dk_v.to(dtype).reshape(p.B, p.T, p.h_qk, p.K)
     dv = dv.reshape(p.B, p.T, H, p.V)

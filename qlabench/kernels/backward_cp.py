@@ -165,6 +165,8 @@ def _chunk_gate_prefix(g2: torch.Tensor, bounds: torch.Tensor):
 def _bwd_cp(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, state_v_first, plan,
             decay_threshold, transition, h0_pieces, kernels: BackwardCPKernels, arch, sms: int):
     """The orchestration; ``kernels`` are the device kernels or their float64 twins."""
+    from .backward import _zero_padding_tail
+
     C = arch.chunk_size
     check_cp_arguments(p, plan, decay_threshold, transition, C)
     dev, dtype = q.device, q.dtype
@@ -187,7 +189,7 @@ def _bwd_cp(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, s
     b2 = beta.reshape(BT, H).to(f32).contiguous()
     A2 = A.reshape(BT, H, C).contiguous()
     table = chunk_table(cu_seqlens, p.seq_bounds, p.B, p.T, C, dev)
-    cu, bounds, ncmax = table.cu_seqlens, table.chunk_bounds, table.n_chunks_max
+    bounds, ncmax = table.chunk_bounds, table.n_chunks_max
 
     def kv(x, n):  # per-sequence (or per-piece) states in the kernels' [K, V] layout
         if x is None:
@@ -289,11 +291,7 @@ def _bwd_cp(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, s
         dq_v = dq_v.view(BT, p.h_qk, G, K).sum(2)
         dk_v = dk_v.view(BT, p.h_qk, G, K).sum(2)
     if cu_seqlens is not None:
-        tail = torch.arange(BT, device=dev) >= cu[-1]
-        for x in (dq_v, dk_v, dv):
-            x.masked_fill_(tail[:, None, None], 0)
-        for x in (dbeta, dg):
-            x.masked_fill_(tail[:, None], 0)
+        _zero_padding_tail(table, BT, (dq_v, dk_v, dv, dbeta, dg))
     dq = dq_v.to(dtype).reshape(p.B, p.T, p.h_qk, K)
     dk = dk_v.to(dtype).reshape(p.B, p.T, p.h_qk, K)
     dv = dv.reshape(p.B, p.T, H, V)

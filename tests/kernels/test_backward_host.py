@@ -9,6 +9,7 @@ should write but does not shows up. The GPU twin of this file is ``test_backward
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import pytest
@@ -85,13 +86,17 @@ def problem(case: Case, D: int = 128):
     return want, args
 
 
-def run_twins(args, monkeypatch, twins=KERNEL_TWINS):
+def run_twins(args, monkeypatch, twins=KERNEL_TWINS, host_bounds=True):
+    """``host_bounds=False`` drops the host sequence bounds, as inside a CUDA-graph capture of an unseen
+    cu_seqlens (the chunk table is then built on the device and has no ``tokens_end``)."""
     def nan_alloc(shape, dtype, device):
         return torch.full(shape, float("nan"), dtype=dtype, device=device)
 
     monkeypatch.setattr(backward, "_alloc", nan_alloc)
     p = validate(args["q"], args["k"], args["v"], args["g_cumsum"], args["beta"], None,
                  args["initial_state"], args["cu_seqlens"], args["state_v_first"], for_kernels=True)
+    if not host_bounds:
+        p = dataclasses.replace(p, seq_bounds=None)
     out = backward._bwd_impl(p, args["q"], args["k"], args["v"], args["g_cumsum"], args["beta"], args["A"],
                              args["do"], args["dht"], args["initial_state"], args["cu_seqlens"],
                              args["state_v_first"], 64, twins)
@@ -129,6 +134,19 @@ def test_backward_host_with_kernel_twins(case, monkeypatch):
         end = case.cu_seqlens[-1]
         for n in ("dq", "dk", "dv", "dbeta", "dg"):
             assert (got[n].flatten(0, 1)[end:] == 0).all(), f"{n} not zero on the padding tail"
+
+
+@pytest.mark.parametrize("host_bounds", [True, False], ids=["tokens_end", "device-mask"])
+def test_padding_tail_zeroed(host_bounds, monkeypatch):
+    """The padding tail after cu_seqlens[-1] is zero in every token-indexed gradient (NaN before the
+    kernels run): by a slice memset with the host bounds, by a device mask without them."""
+    case = Case(T=300, h_qk=1, h_v=1, cu_seqlens=(0, 100, 230), seed=3)  # tail of 70 tokens
+    want, args = problem(case)
+    got = run_twins(args, monkeypatch, host_bounds=host_bounds)
+    for n in ("dq", "dk", "dv", "dbeta", "dg"):
+        tail = got[n].flatten(0, 1)[230:]
+        assert tail.numel() and (tail == 0).all(), f"{n} not zero on the padding tail"
+        assert rel_l2(got[n], want[n]) <= TOL, n
 
 
 def test_bad_arguments_raise():
