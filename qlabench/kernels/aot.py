@@ -70,7 +70,9 @@ def backward_kernels(h_qk: int, h_v: int, arch: str, dtype: str = "bfloat16") ->
 
     jobs = [("chunk_local_cumsum_reverse", f"H={h_v} C={a.chunk_size}",
              lambda: chunk_local_cumsum_kernel(h_v, a.chunk_size, True, a.name))]
-    # one kernel set serves both state layouts (the host transposes the per-sequence states)
+    # one kernel set serves both state layouts (the host transposes the per-sequence states); the
+    # variants follow the heads as in the API (backward._kernels: bwd_intra's dq, dk in dtype when
+    # h_v == h_qk, fp32 with GQA)
     jobs.append(("backward (5 kernels)", f"hk{h_qk}_hv{h_v} {dtype}",
                  lambda: compile_backward_kernels(h_qk, h_v, dtype=dtype, target=a.name)))
     return jobs

@@ -1,8 +1,9 @@
 """Low-level backward: prepare -> h recompute -> reverse dh pass -> per-chunk state grads -> per-chunk
 intra grads.
 
-Five launches (Hopper, ``hopper/bwd_*.py``), then GQA group sums of dq, dk in fp32 and the zero
-padding tail. The math of each kernel, step for step, is in ``emulate_bwd.py``:
+Five launches (Hopper, ``hopper/bwd_*.py``), then (GQA only) the group sums of dq, dk in fp32 and
+their cast, and the zero padding tail (a slice memset of the tail rows). The math of each kernel, step
+for step, is in ``emulate_bwd.py``:
 
     bwd_prepare  grid (NCmax, H_v)       per chunk: Pg, Ag (bf16 C x C masks), factors e, r, beta
     bwd_h        grid (V / BV, N * H_v)  forward over chunks: h (state at every chunk start);
@@ -11,7 +12,10 @@ padding tail. The math of each kernel, step for step, is in ``emulate_bwd.py``:
                                          dV', dh0; ``hopper/bwd_dh_pipelined.py`` (reads Pg, Ag and
                                          the factors: no exp or mask in the serial loop)
     bwd_state    grid (NCmax, H_v)       per chunk, full V: dAg, dPg, dq0, dk0, dgam0 (fp32)
-    bwd_intra    grid (NCmax, H_v)       per chunk: dq, dk (per v-head, fp32), dbeta, dg (raw gate)
+    bwd_intra    grid (NCmax, H_v)       per chunk: dq, dk per v-head, dbeta, dg (raw gate); dq, dk
+                                         accumulate in fp32 and are stored in q's dtype when
+                                         H_v == H_qk (the final gradients, no host pass), in fp32
+                                         for GQA (summed over each group on the host)
 
 Kernels keep every state in the `[K, V]` layout; for ``state_v_first`` the host transposes the
 per-sequence h0 / dht / dh0 (small), so one compiled kernel set serves both layouts. Nothing here
@@ -59,6 +63,12 @@ def _arch_name(target) -> str:
     return arch_by_name(target).name
 
 
+def _intra_out_dtype(h_qk: int, h_v: int, dtype: str) -> str:
+    """Dtype of bwd_intra's dq, dk: the inputs' dtype without GQA (they are the final gradients),
+    float32 with it (the host sums each group of v-heads, then casts)."""
+    return dtype if h_v == h_qk else "float32"
+
+
 def _kernels(h_qk: int, h_v: int, dtype: str, arch: str) -> dict:
     """The compiled kernels of one configuration (each factory is lru_cached), in launch order."""
     a = arch_by_name(arch)
@@ -74,7 +84,8 @@ def _kernels(h_qk: int, h_v: int, dtype: str, arch: str) -> dict:
         "bwd_h": f("bwd_h")(h_qk, h_v, K, V, _BV, C, dtype, a.name),
         "bwd_dh": f("bwd_dh")(h_qk, h_v, K, V, _BV, C, dtype, a.name),
         "bwd_state": f("bwd_state")(h_qk, h_v, K, V, C, dtype, a.name),
-        "bwd_intra": f("bwd_intra")(h_qk, h_v, K, C, dtype, a.name),
+        "bwd_intra": f("bwd_intra")(h_qk, h_v, K, C, dtype, a.name,
+                                    out_dtype=_intra_out_dtype(h_qk, h_v, dtype)),
     }
 
 
@@ -82,7 +93,8 @@ def compile_backward_kernels(h_qk, h_v, scale=None, dtype="bfloat16", state_v_fi
     """Compiles every backward kernel of one configuration for ``target`` (no GPU needed).
 
     ``scale`` and ``state_v_first`` do not specialise the kernels (scale is a runtime argument, the
-    host transposes states) and are accepted for a uniform signature. The older positional form
+    host transposes states) and are accepted for a uniform signature. The head counts do: with
+    h_v == h_qk bwd_intra stores dq, dk in ``dtype``, with GQA in fp32 (`_intra_out_dtype`). The older positional form
     ``(h_qk, h_v, dtype, state_v_first, target)`` is also accepted.
 
     Returns:
@@ -219,8 +231,10 @@ def _bwd_impl(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens,
     kernels["bwd_state"](k2, v2, do2, dvp, dv, g2, b2, A2, h, dh, bounds, dAg, dPg, dq0, dk0, dgam0, p.scale)
     del h, dh, dvp
 
-    dq_v = _alloc((BT, H, p.K), f32, dev)
-    dk_v = _alloc((BT, H, p.K), f32, dev)
+    # H_v == H_qk: bwd_intra stores dq, dk in q's dtype (compiled so by _kernels); GQA: fp32 per v-head
+    dqk_dtype = dtype if G == 1 else f32
+    dq_v = _alloc((BT, H, p.K), dqk_dtype, dev)
+    dk_v = _alloc((BT, H, p.K), dqk_dtype, dev)
     dbeta = _alloc((BT, H), f32, dev)
     dg = _alloc((BT, H), f32, dev)
     kernels["bwd_intra"](q2, k2, g2, b2, A2, dAg, dPg, dq0, dk0, dgam0, bounds, dq_v, dk_v, dbeta, dg, p.scale)
@@ -230,7 +244,7 @@ def _bwd_impl(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens,
         dk_v = dk_v.view(BT, p.h_qk, G, p.K).sum(2)
     if cu_seqlens is not None:  # dense inputs have no padding tail
         _zero_padding_tail(table, BT, (dq_v, dk_v, dv, dbeta, dg))
-    dq = dq_v.to(dtype).reshape(p.B, p.T, p.h_qk, p.K)
+    dq = dq_v.to(dtype).reshape(p.B, p.T, p.h_qk, p.K)  # no copy when G == 1
     dk = dk_v.to(dtype).reshape(p.B, p.T, p.h_qk, p.K)
     dv = dv.reshape(p.B, p.T, H, p.V)
     dbeta = dbeta.to(beta.dtype).reshape(p.B, p.T, H)

@@ -281,8 +281,9 @@ def _bwd_cp(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, s
     dgam0 = torch.empty(BT, H, dtype=f32, device=dev)
     bwd["bwd_state"](k2, v2, do2, dvp, dv, g2, b2, A2, h, dh, bounds, dAg, dPg, dq0, dk0, dgam0, p.scale)
     del h, dh, dvp
-    dq_v = torch.empty(BT, H, K, dtype=f32, device=dev)
-    dk_v = torch.empty(BT, H, K, dtype=f32, device=dev)
+    # bwd_intra stores dq, dk in q's dtype when H_v == H_qk (backward._intra_out_dtype), else fp32
+    dq_v = torch.empty(BT, H, K, dtype=dtype if G == 1 else f32, device=dev)
+    dk_v = torch.empty_like(dq_v)
     dbeta = torch.empty(BT, H, dtype=f32, device=dev)
     dg = torch.empty(BT, H, dtype=f32, device=dev)
     bwd["bwd_intra"](q2, k2, g2, b2, A2, dAg, dPg, dq0, dk0, dgam0, bounds, dq_v, dk_v, dbeta, dg, p.scale)

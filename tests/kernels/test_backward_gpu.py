@@ -139,6 +139,14 @@ def test_random_varlen_with_tail(seed, nan_buffers):
     check_backward(make_inputs(T, 2, 8, cu_seqlens=cu, gate=rng.choice(["bench", "qwen"]), h0=seed != 1))
 
 
+@pytest.mark.parametrize("h_qk", [4, 1], ids=["H4-HV4", "H1-HV1"])
+def test_varlen_tail_no_gqa(h_qk, nan_buffers):
+    """H_v == H_qk: bwd_intra stores dq, dk in bf16 directly (no fp32 buffer, no host cast), and the
+    padding tail of those bf16 buffers is zeroed by the host."""
+    cu, T = _varlen([300, 1, 64, 129, 65], tail=37)
+    check_backward(make_inputs(T, h_qk, h_qk, cu_seqlens=cu, gate="qwen", h0=True))
+
+
 @pytest.mark.parametrize("dht", [True, False], ids=["dht", "nodht"])
 @pytest.mark.parametrize("state_v_first", [False, True], ids=["kv", "vk"])
 def test_initial_state_and_layouts(dht, state_v_first, nan_buffers):
@@ -181,16 +189,18 @@ _KERNEL_OUTPUTS = {
 }
 
 
-def test_each_kernel_matches_its_twin(monkeypatch):
-    """Each compiled kernel vs its torch twin fed the same inputs (bf16 staging in both)."""
+@pytest.mark.parametrize("h_qk,h_v", [(2, 4), (2, 2)], ids=["H2-HV4", "H2-HV2"])
+def test_each_kernel_matches_its_twin(h_qk, h_v, monkeypatch):
+    """Each compiled kernel vs its torch twin fed the same inputs (bf16 staging in both); H2-HV2 runs
+    the bwd_intra variant that stores dq, dk in bf16."""
     from qlabench.kernels.emulate_bwd import KERNEL_TWINS
 
     cu, T = _varlen([1, 33, 63, 64, 65, 150], tail=9)
-    inp = make_inputs(T, 2, 4, cu_seqlens=cu, gate="qwen", h0=True)
+    inp = make_inputs(T, h_qk, h_v, cu_seqlens=cu, gate="qwen", h0=True)
     g_cumsum, A = forward_for_backward(inp)
     do = torch.randn(inp["v"].shape, device="cuda").bfloat16()
     real_tokens, real_chunks = cu[-1], sum(-(-n // 64) for n in [1, 33, 63, 64, 65, 150])
-    gpu = backward._kernels(2, 4, "bfloat16", "sm90")
+    gpu = backward._kernels(h_qk, h_v, "bfloat16", "sm90")
     errs = {}
 
     def wrap(name):

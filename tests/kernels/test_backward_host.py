@@ -121,7 +121,15 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_backward_host_with_kernel_twins(case, monkeypatch):
     want, args = problem(case)
-    got = run_twins(args, monkeypatch)
+    seen = {}
+
+    def intra(*a):  # bwd_intra's dq, dk buffers: q's dtype without GQA, fp32 (group-summed) with it
+        seen["dq"], seen["dk"] = a[11].dtype, a[12].dtype
+        return KERNEL_TWINS["bwd_intra"](*a)
+
+    got = run_twins(args, monkeypatch, {**KERNEL_TWINS, "bwd_intra": intra})
+    dqk = torch.bfloat16 if case.h_qk == case.h_v else torch.float32
+    assert seen == {"dq": dqk, "dk": dqk}
     assert (got["dh0"] is None) == (not case.h0)
     assert got["dq"].dtype == got["dk"].dtype == got["dv"].dtype == torch.bfloat16
     assert got["dg"].dtype == torch.float32 and got["dbeta"].dtype == args["beta"].dtype
@@ -147,6 +155,26 @@ def test_padding_tail_zeroed(host_bounds, monkeypatch):
         tail = got[n].flatten(0, 1)[230:]
         assert tail.numel() and (tail == 0).all(), f"{n} not zero on the padding tail"
         assert rel_l2(got[n], want[n]) <= TOL, n
+
+
+@pytest.mark.parametrize("arch", ["sm90", "sm100"])
+def test_kernels_pick_the_intra_output_dtype(arch, monkeypatch):
+    """_kernels compiles bwd_intra with dq, dk in the inputs' dtype when H_v == H_qk (what _bwd_impl
+    allocates then) and in fp32 for GQA; no compile here (the factories are recorded)."""
+    calls = {}
+
+    def factory(a, role):
+        def make(*args, **kw):
+            calls[role] = (args, kw)
+            return role
+        return make
+
+    monkeypatch.setattr(backward, "kernel_factory", factory)
+    for h_qk, h_v, dtype, want in ((4, 4, "bfloat16", "bfloat16"), (2, 2, "float16", "float16"),
+                                   (2, 4, "bfloat16", "float32"), (1, 8, "float16", "float32")):
+        backward._kernels(h_qk, h_v, dtype, arch)
+        args, kw = calls["bwd_intra"]
+        assert args[-1] == arch and kw == {"out_dtype": want}, (h_qk, h_v, dtype, calls["bwd_intra"])
 
 
 def test_bad_arguments_raise():

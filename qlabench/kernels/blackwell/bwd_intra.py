@@ -1,6 +1,7 @@
 """bwd_intra for sm100 / sm103: the per-chunk C x C gradients and the final dq, dk, dbeta, dg, with the
 seven products per chunk as tcgen05 MMAs into tensor memory. Same signature, inputs and outputs as
-hopper/bwd_intra.py (see its header for the derivation).
+hopper/bwd_intra.py (see its header for the derivation), ``out_dtype`` of dq, dk included (float32 or
+the inputs' dtype; fp32 accumulation either way).
 
 Formula per chunk (inputs dAg, dPg, dq0, dk0, dgam0 from bwd_state; A = gate-free A_k;
 Gam[i, j] = exp(gam_i - gam_j) for j <= i else 0):
@@ -47,7 +48,9 @@ from ..hopper.bwd_common import compile_bwd
 
 
 @functools.cache
-def bwd_intra_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str):
+def bwd_intra_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str, out_dtype: str = "float32"):
+    if out_dtype not in ("float32", dtype):
+        raise ValueError(f"dq, dk are stored as float32 or as {dtype} (the inputs' dtype), got {out_dtype!r}")
     group = h_v // h_qk
     n_tok = T.dynamic("n_tok")
     n_chunks = T.dynamic("n_chunks")
@@ -65,8 +68,8 @@ def bwd_intra_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str)
         dk0: T.Tensor((n_tok, h_v, K), "float32"),
         dgam0: T.Tensor((n_tok, h_v), "float32"),
         chunk_bounds: T.Tensor((n_chunks, 2), "int32"),
-        dq_out: T.Tensor((n_tok, h_v, K), "float32"),
-        dk_out: T.Tensor((n_tok, h_v, K), "float32"),
+        dq_out: T.Tensor((n_tok, h_v, K), out_dtype),
+        dk_out: T.Tensor((n_tok, h_v, K), out_dtype),
         dbeta_out: T.Tensor((n_tok, h_v), "float32"),
         dg_out: T.Tensor((n_tok, h_v), "float32"),
         scale: T.float32,
@@ -159,7 +162,7 @@ def bwd_intra_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str)
                     dq_f[i, j] = dq_f[i, j] + mm_f[i, j]
                 for i, j in T.Parallel(C, K):
                     if t0 + i < end:
-                        dq_out[t0 + i, hv, j] = dq_f[i, j]
+                        dq_out[t0 + i, hv, j] = T.cast(dq_f[i, j], out_dtype)
 
                 # dk = dk0 + dP^T Q + dAs K
                 for i, j in T.Parallel(C, K):
@@ -171,7 +174,7 @@ def bwd_intra_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str)
                     dk_f[i, j] = dk_f[i, j] + mm_f[i, j]
                 for i, j in T.Parallel(C, K):
                     if t0 + i < end:
-                        dk_out[t0 + i, hv, j] = dk_f[i, j]
+                        dk_out[t0 + i, hv, j] = T.cast(dk_f[i, j], out_dtype)
 
                 # dg = reverse in-chunk cumsum of dgam; dbeta
                 store_dg_dbeta(dgam_s, dgq_s, dgm_s, dbc_s, dbr_s, tmp_f, red_f, dg_out, dbeta_out, t0, end, hv, C)

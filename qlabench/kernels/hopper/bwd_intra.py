@@ -7,11 +7,15 @@ Gam[i, j] = exp(gam_i - gam_j) for j <= i else 0):
     dAb = Gam .* dAg;  dA = dAb .* beta_col;  dP = scale Gam .* dPg
     X   = (scale Gam .* P) .* dPg + dAb .* A .* beta_col          (kept fp32 in shared memory)
     dL  = -strict_lower(A^T dA A^T);  dM = diag(beta) dL;  dAs = dM + dM^T
-    dq  = dq0 + dP K                                         (fp32, per v-head; host sums GQA groups)
+    dq  = dq0 + dP K                                         (per v-head; host sums GQA groups)
     dk  = dk0 + dP^T Q + dAs K
     dbeta_t = colsum(dAb .* A)_t + rowsum(dL .* KK)_t
     dgam = dgam0 + rowdot(Q, dq0) + rowsum(X) - colsum(X)
     dg_t = sum_{s >= t in the chunk} dgam_s                  (the raw gate's gradient)
+
+dq, dk accumulate in fp32 and are stored as ``out_dtype``: float32 (the default; with GQA the host
+sums each group of v-heads, then casts) or the inputs' dtype (H_v == H_qk: dq, dk are then the final
+gradients and the host has no fp32 buffer and no cast pass; one rounding either way).
 
 The mask term rowsum(X) - colsum(X) is a cancellation under strong decay, so X goes through the
 transpose in fp32 (never bf16). Column sums are formed as row sums of a transposed shared tile
@@ -37,7 +41,9 @@ from .bwd_common import compile_bwd
 
 
 @functools.cache
-def bwd_intra_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str):
+def bwd_intra_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str, out_dtype: str = "float32"):
+    if out_dtype not in ("float32", dtype):
+        raise ValueError(f"dq, dk are stored as float32 or as {dtype} (the inputs' dtype), got {out_dtype!r}")
     group = h_v // h_qk
     n_tok = T.dynamic("n_tok")
     n_chunks = T.dynamic("n_chunks")
@@ -55,8 +61,8 @@ def bwd_intra_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str)
         dk0: T.Tensor((n_tok, h_v, K), "float32"),
         dgam0: T.Tensor((n_tok, h_v), "float32"),
         chunk_bounds: T.Tensor((n_chunks, 2), "int32"),
-        dq_out: T.Tensor((n_tok, h_v, K), "float32"),
-        dk_out: T.Tensor((n_tok, h_v, K), "float32"),
+        dq_out: T.Tensor((n_tok, h_v, K), out_dtype),
+        dk_out: T.Tensor((n_tok, h_v, K), out_dtype),
         dbeta_out: T.Tensor((n_tok, h_v), "float32"),
         dg_out: T.Tensor((n_tok, h_v), "float32"),
         scale: T.float32,
@@ -115,7 +121,7 @@ def bwd_intra_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str)
                 T.gemm(dP_s, K_s, dq_f)
                 for i, j in T.Parallel(C, K):
                     if t0 + i < end:
-                        dq_out[t0 + i, hv, j] = dq_f[i, j]
+                        dq_out[t0 + i, hv, j] = T.cast(dq_f[i, j], out_dtype)
 
                 # dk = dk0 + dP^T Q + dAs K
                 for i, j in T.Parallel(C, K):
@@ -124,7 +130,7 @@ def bwd_intra_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str)
                 T.gemm(dAs_s, K_s, dk_f)
                 for i, j in T.Parallel(C, K):
                     if t0 + i < end:
-                        dk_out[t0 + i, hv, j] = dk_f[i, j]
+                        dk_out[t0 + i, hv, j] = T.cast(dk_f[i, j], out_dtype)
 
                 # dg = reverse in-chunk cumsum of dgam; dbeta
                 store_dg_dbeta(dgam_s, dgq_s, dgm_s, dbc_s, dbr_s, tmp_f, red_f, dg_out, dbeta_out, t0, end, hv, C)
