@@ -10,8 +10,9 @@ one by changing its row of `KERNEL_MODULES`:
     whose products are tcgen05 MMAs into tensor memory (UTCHMMA in the SASS); only the kkt_solve
     inverse's 32-row tf32 products stay mma.sync (tcgen05 tiles start at 64 rows). The Hopper files
     compiled for sm_100a would use mma.sync there (a plain `T.gemm` with a register accumulator).
-  * sm90 only: ``chunk_fwd_ws``, the manually warp-specialized recurrence (hopper/chunk_fwd_ws.py), an
-    opt-in alternative to chunk_fwd_pipelined (QLABENCH_FWD_KERNEL=ws); other archs raise ValueError.
+  * sm90 only: ``chunk_fwd_ws``, the manually warp-specialized recurrence (hopper/chunk_fwd_ws.py), the
+    forward's default recurrence where an arch has it (forward.recurrence_role); the others run
+    chunk_fwd_pipelined, and forcing ws there (QLABENCH_FWD_KERNEL=ws) raises ValueError.
   * sm120 / sm121: blackwell_sm120/ re-exports the Hopper forward files compiled for sm_120a at C = 32
     (mma.sync + TMA: sm120 has neither wgmma nor tcgen05) and checks that each compiled kernel fits
     the 99 KB of shared memory per block; no backward (NotImplementedError).
@@ -51,7 +52,7 @@ _HOPPER_FORWARD = {
     "kkt_solve": "hopper.kkt_solve:kkt_solve_kernel",
     "chunk_fwd": "hopper.chunk_fwd:chunk_fwd_kernel",
     "chunk_fwd_pipelined": "hopper.chunk_fwd:chunk_fwd_pipelined_kernel",
-    # opt-in (QLABENCH_FWD_KERNEL=ws), sm90 only, compiled but not yet run on a GPU
+    # the default recurrence on sm90 (forward.recurrence_role); verified on the H200
     "chunk_fwd_ws": "hopper.chunk_fwd_ws:chunk_fwd_ws_kernel",
 }
 _HOPPER_BACKWARD = {

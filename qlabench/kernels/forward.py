@@ -1,4 +1,5 @@
-"""Low-level forward: chunk_local_cumsum -> kkt_solve -> chunk recurrence (3 launches).
+"""Low-level forward: chunk_local_cumsum -> kkt_solve -> chunk recurrence (3 launches; the recurrence
+is hopper/chunk_fwd_ws.py on sm90, the TMA-pipelined chunk_fwd elsewhere: recurrence_role).
 
 Nothing here syncs with the host: chunk tables are built on the device from cu_seqlens, so a call
 can be captured in a CUDA graph.
@@ -82,28 +83,36 @@ def chunk_gated_delta_rule_fwd(
 
 
 _RECURRENCE_ROLES = {
-    "auto": "chunk_fwd_pipelined",
     "pipelined": "chunk_fwd_pipelined",
     "simple": "chunk_fwd",
     "ws": "chunk_fwd_ws",
 }
 
 
-def recurrence_role(n_blocks: int, sm_count: int) -> str:
-    """Kernel role of the chunk recurrence for a grid of ``n_blocks`` blocks: the TMA-pipelined one.
+def recurrence_role(n_blocks: int, sm_count: int, arch: Arch | str | None = None) -> str:
+    """Kernel role of the chunk recurrence: the manually warp-specialized one where the arch has it
+    (sm90: hopper/chunk_fwd_ws.py), else the TMA-pipelined one.
 
-    Measured on the H200 (tools/fwd_variants.py, results/h200/NOTES.md) the pipelined variant (one
-    block per SM by its shared memory, loads of chunk c + 1 overlapping chunk c) beats the plain one
-    (also one block per SM, by its registers; loads exposed every chunk) on every grid tried, from 64 blocks (1x32768
-    hk16_hv16: 1.45 vs 2.10 ms for the whole forward) to 512 (1x32768 hk16_hv64: 3.60 vs 5.09 ms).
-    QLABENCH_FWD_KERNEL=simple|pipelined forces one (the plain variant stays as the A/B baseline);
-    QLABENCH_FWD_KERNEL=ws opts into the manually warp-specialized recurrence (hopper/chunk_fwd_ws.py,
-    sm90 only, not the default: not yet measured on a GPU).
+    Measured on the H200 (tools/fwd_variants.py, results/h200/NOTES.md, f7c378e): the warp-specialized
+    recurrence (producer / state / output warpgroups: only the state path on the per-chunk critical
+    path) against the pipelined one, recurrence kernel alone, ms: 1x32768 hk16_hv16 0.819 vs 0.976,
+    hk2_hv8 0.815 vs 0.972, hk16_hv64 1.650 vs 1.951, 8192x4 hk16_hv16 0.416 vs 0.494, 1x2048 hk2_hv8
+    0.053 vs 0.062; only short sequences over many blocks lose a little (1024x8 hk16_hv16 0.106 vs
+    0.099), not worth a second rule. The pipelined variant in turn beat the plain one on every grid
+    tried. QLABENCH_FWD_KERNEL=ws|pipelined|simple forces one (the A/B switch; ws raises ValueError on
+    archs without it); auto (the default) takes the rule above. ``n_blocks`` and ``sm_count`` are
+    kept for grid-dependent rules (none at present).
     """
     import os
 
-    del n_blocks, sm_count  # the choice no longer depends on the grid (kept for the A/B switch)
+    del n_blocks, sm_count
     choice = os.environ.get("QLABENCH_FWD_KERNEL", "auto")
+    if choice == "auto":
+        from .dispatch import KERNEL_MODULES, arch_by_name
+
+        name = None if arch is None else (arch if isinstance(arch, str) else arch.name)
+        has_ws = name is not None and "chunk_fwd_ws" in KERNEL_MODULES[arch_by_name(name).name]
+        return "chunk_fwd_ws" if has_ws else "chunk_fwd_pipelined"
     if choice not in _RECURRENCE_ROLES:
         raise ValueError(f"QLABENCH_FWD_KERNEL must be auto, simple, pipelined or ws, got {choice!r}")
     return _RECURRENCE_ROLES[choice]
@@ -111,7 +120,7 @@ def recurrence_role(n_blocks: int, sm_count: int) -> str:
 
 def recurrence_kernel(n_blocks: int, sm_count: int, arch: Arch | str):
     """The chunk-recurrence kernel factory of ``arch`` for a grid of ``n_blocks`` blocks."""
-    return kernel_factory(arch, recurrence_role(n_blocks, sm_count))
+    return kernel_factory(arch, recurrence_role(n_blocks, sm_count, arch))
 
 
 _SM_COUNTS: dict = {}

@@ -107,14 +107,16 @@ def test_mocked_device_gets_its_kernels(monkeypatch, cc, name, chunk, target):
         factory = kernel_factory(arch, role)
         assert factory.__module__ == f"qlabench.kernels.{module}", role
         assert getattr(factory, "__wrapped__", factory).__name__ == f"{role}_kernel"
-    # forward.py asks the same table for the recurrence: the pipelined variant for every grid, the
-    # plain one only when forced (QLABENCH_FWD_KERNEL=simple, the A/B switch)
+    # forward.py asks the same table for the recurrence: by default the warp-specialized one where the
+    # arch has it (sm90), else the pipelined one; the others only when forced (the A/B switch)
     monkeypatch.delenv("QLABENCH_FWD_KERNEL", raising=False)
-    assert recurrence_kernel(10, 132, arch) is kernel_factory(arch, "chunk_fwd_pipelined")
-    assert recurrence_kernel(1000, 132, name) is kernel_factory(name, "chunk_fwd_pipelined")
+    default = "chunk_fwd_ws" if name == "sm90" else "chunk_fwd_pipelined"
+    assert recurrence_kernel(10, 132, arch) is kernel_factory(arch, default)
+    assert recurrence_kernel(1000, 132, name) is kernel_factory(name, default)
     monkeypatch.setenv("QLABENCH_FWD_KERNEL", "simple")
     assert recurrence_kernel(10, 132, arch) is kernel_factory(arch, "chunk_fwd")
-    # the manually warp-specialized recurrence is opt-in (QLABENCH_FWD_KERNEL=ws) and Hopper-only
+    monkeypatch.setenv("QLABENCH_FWD_KERNEL", "pipelined")
+    assert recurrence_kernel(10, 132, arch) is kernel_factory(arch, "chunk_fwd_pipelined")
     monkeypatch.setenv("QLABENCH_FWD_KERNEL", "ws")
     if name == "sm90":
         assert recurrence_kernel(10, 132, arch) is kernel_factory(arch, "chunk_fwd_ws")

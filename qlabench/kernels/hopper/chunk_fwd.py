@@ -17,7 +17,7 @@ Two variants of one loop (``pipelined``). Both load whole tiles [t0, t0 + C) wit
 or 16-byte vector loads; rows past n_tok read as zero); rows past the sequence end (the next
 sequence, or the padding tail) are kept out of the result by selects, never by multiplying with zero
 (so non-finite data there cannot leak in), and by zeroing K's padded rows before the state update.
-  * pipelined (``chunk_fwd_pipelined``, the default for every grid): Q, K, V, Ag, Pm of chunk c + 1
+  * pipelined (``chunk_fwd_pipelined``, the default on archs without chunk_fwd_ws, i.e. sm100 / sm120; sm90 runs hopper/chunk_fwd_ws.py): Q, K, V, Ag, Pm of chunk c + 1
     are loaded by TileLang's automatic producer warpgroup (TMA, 2-stage ring) while chunk c computes;
     one block per SM by its shared memory. ~1.9 us per chunk at BV = 32 on the H200.
   * plain: no producer warpgroup, loads exposed every chunk, 74 KB of shared memory; at 140
