@@ -17,6 +17,11 @@ for step, is in ``emulate_bwd.py``:
                                          H_v == H_qk (the final gradients, no host pass), in fp32
                                          for GQA (summed over each group on the host)
 
+V tile BV of bwd_h and bwd_dh (`_value_tile`): their N * H_v (sequence, v-head) pairs each walk all
+of the sequence's chunks in order, so with few pairs the grid leaves most SMs idle; BV = 32 (when
+N * H_v < SMs / 2, forward.value_tile's rule) doubles the blocks, BV = 64 otherwise. sm100's tcgen05
+versions take BV = 64 only. Both tiles compute the same values (every term is per V column).
+
 Kernels keep every state in the `[K, V]` layout; for ``state_v_first`` the host transposes the
 per-sequence h0 / dht / dh0 (small), so one compiled kernel set serves both layouts. Nothing here
 syncs with the host (chunk tables are built on the device).
@@ -34,7 +39,10 @@ __all__ = ["chunk_gated_delta_rule_bwd", "compile_backward_kernels"]
 
 _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 _HEAD_DIM = 128
-# V tile of the two chunk-recurrence kernels (bwd_h, bwd_dh).
+# V tiles of the two chunk-recurrence kernels (bwd_h, bwd_dh) each arch's files compile, narrowest
+# first: sm100's (blackwell/, tcgen05 into tensor memory) need BV >= 64 in TileLang 0.1.15. _BV, which
+# every arch takes, is the default of `_kernels` / `compile_backward_kernels`.
+_VALUE_TILES = {"sm90": (32, 64), "sm100": (64,)}
 _BV = 64
 
 
@@ -69,10 +77,31 @@ def _intra_out_dtype(h_qk: int, h_v: int, dtype: str) -> str:
     return dtype if h_v == h_qk else "float32"
 
 
-def _kernels(h_qk: int, h_v: int, dtype: str, arch: str) -> dict:
-    """The compiled kernels of one configuration (each factory is lru_cached), in launch order."""
+def value_tiles(arch: str) -> tuple[int, ...]:
+    """The V tiles of bwd_h / bwd_dh the API may launch on ``arch`` (`qlabench aot` compiles each)."""
+    a = arch_by_name(arch)
+    require_backward(a)
+    return _VALUE_TILES[a.name]
+
+
+def _value_tile(n_seq_heads: int, sm_count: int, arch: str) -> int:
+    """V tile of bwd_h / bwd_dh for a grid of ``n_seq_heads`` (sequence, v-head) pairs on ``arch``:
+    forward.value_tile's (32 when the pairs alone fill less than half the SMs, else 64) where the
+    arch's kernels take it, else the arch's widest."""
+    from .forward import value_tile
+
+    tiles = value_tiles(arch)
+    bv = value_tile(n_seq_heads, sm_count)
+    return bv if bv in tiles else tiles[-1]
+
+
+def _kernels(h_qk: int, h_v: int, dtype: str, arch: str, bv: int = _BV) -> dict:
+    """The compiled kernels of one configuration (each factory is lru_cached), in launch order;
+    ``bv`` is the V tile of bwd_h and bwd_dh (one of `value_tiles`)."""
     a = arch_by_name(arch)
     require_backward(a)  # NotImplementedError on sm120 (forward only)
+    if bv not in _VALUE_TILES[a.name]:
+        raise ValueError(f"bv must be one of {_VALUE_TILES[a.name]} on {a.name}, got {bv!r}")
 
     def f(role):  # the arch's file for this kernel (dispatch.KERNEL_MODULES)
         return kernel_factory(a, role)
@@ -81,21 +110,24 @@ def _kernels(h_qk: int, h_v: int, dtype: str, arch: str) -> dict:
     C = a.chunk_size
     return {
         "bwd_prepare": f("bwd_prepare")(h_qk, h_v, K, C, dtype, a.name),
-        "bwd_h": f("bwd_h")(h_qk, h_v, K, V, _BV, C, dtype, a.name),
-        "bwd_dh": f("bwd_dh")(h_qk, h_v, K, V, _BV, C, dtype, a.name),
+        "bwd_h": f("bwd_h")(h_qk, h_v, K, V, bv, C, dtype, a.name),
+        "bwd_dh": f("bwd_dh")(h_qk, h_v, K, V, bv, C, dtype, a.name),
         "bwd_state": f("bwd_state")(h_qk, h_v, K, V, C, dtype, a.name),
         "bwd_intra": f("bwd_intra")(h_qk, h_v, K, C, dtype, a.name,
                                     out_dtype=_intra_out_dtype(h_qk, h_v, dtype)),
     }
 
 
-def compile_backward_kernels(h_qk, h_v, scale=None, dtype="bfloat16", state_v_first=False, target="sm90"):
+def compile_backward_kernels(h_qk, h_v, scale=None, dtype="bfloat16", state_v_first=False, target="sm90", *,
+                             bv=_BV):
     """Compiles every backward kernel of one configuration for ``target`` (no GPU needed).
 
     ``scale`` and ``state_v_first`` do not specialise the kernels (scale is a runtime argument, the
     host transposes states) and are accepted for a uniform signature. The head counts do: with
-    h_v == h_qk bwd_intra stores dq, dk in ``dtype``, with GQA in fp32 (`_intra_out_dtype`). The older positional form
-    ``(h_qk, h_v, dtype, state_v_first, target)`` is also accepted.
+    h_v == h_qk bwd_intra stores dq, dk in ``dtype``, with GQA in fp32 (`_intra_out_dtype`). ``bv``
+    is the V tile of bwd_h and bwd_dh (`value_tiles(target)`; the API picks one per call from its
+    grid, `_value_tile`). The older positional form ``(h_qk, h_v, dtype, state_v_first, target)`` is
+    also accepted.
 
     Returns:
         {kernel name: compiled TileLang kernel}.
@@ -111,7 +143,7 @@ def compile_backward_kernels(h_qk, h_v, scale=None, dtype="bfloat16", state_v_fi
         raise ValueError(f"scale must be a positive float or None, got {scale!r}")
     if not isinstance(state_v_first, bool):
         raise TypeError(f"state_v_first must be a bool, got {state_v_first!r}")
-    return _kernels(h_qk, h_v, _dtype_name(dtype), _arch_name(target))
+    return _kernels(h_qk, h_v, _dtype_name(dtype), _arch_name(target), bv)
 
 
 def _check_inputs(q, k, v, g_cumsum, beta, A, do, dht, scale, initial_state, cu_seqlens, state_v_first,
@@ -162,7 +194,10 @@ def chunk_gated_delta_rule_bwd(q, k, v, g_cumsum, beta, A, do, dht=None, scale=N
     require_backward(arch)
     p = _check_inputs(q, k, v, g_cumsum, beta, A, do, dht, scale, initial_state, cu_seqlens,
                       state_v_first, arch.chunk_size)
-    kernels = _kernels(p.h_qk, p.h_v, _DTYPE_NAMES[q.dtype], arch.name)
+    from .forward import _sm_count
+
+    bv = _value_tile(p.N * p.h_v, _sm_count(q.device), arch.name)
+    kernels = _kernels(p.h_qk, p.h_v, _DTYPE_NAMES[q.dtype], arch.name, bv)
     return _bwd_impl(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, state_v_first,
                      arch.chunk_size, kernels)
 

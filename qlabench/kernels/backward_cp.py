@@ -41,7 +41,8 @@ Launches:
       each head's warm-up window, transition pass for fallback heads, batched correction;
       bwd_prepare's Ag / Pg are kkt_solve's Ag / Pm) when not given: 0 or 1-2 recurrence launches
       plus the forward's chain, with the forward's warm-up truncation (and its bound).
-  (c) bwd_h over all pieces from S_in (all pieces in parallel): h at every chunk start.
+  (c) bwd_h over all pieces from S_in (all pieces in parallel): h at every chunk start. bwd_h and
+      bwd_dh use one V tile, `backward._value_tile` of the P * H_v (piece, v-head) pairs.
   (d) local reverse pass: bwd_dh over the piece range ``plan.bwd_pass`` (every piece that is not
       first in its sequence; first pieces in between run too, their result unused) from terminal
       gradient 0, or its sequence's dht for a last piece -> dS_loc (bwd_dh's dh0 output).
@@ -141,7 +142,9 @@ def chunk_gated_delta_rule_bwd_cp(
     if plan is None:
         plan = plan_cp(cu_seqlens, heads=plan_heads or p.h_v, sm_count=sms, chunk_size=arch.chunk_size,
                        B=p.B, T=p.T, device=q.device)
-    kernels = BackwardCPKernels(backward._kernels(p.h_qk, p.h_v, backward._DTYPE_NAMES[q.dtype], arch.name),
+    # one V tile for bwd_h / bwd_dh from the grid of the pieces' final pass (P * H_v blocks per tile)
+    bv = backward._value_tile(plan.n_pieces * p.h_v, sms, arch.name)
+    kernels = BackwardCPKernels(backward._kernels(p.h_qk, p.h_v, backward._DTYPE_NAMES[q.dtype], arch.name, bv),
                                 _device_kernels(arch) if h0_pieces is None else None)
     return _bwd_cp(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, state_v_first, plan,
                    decay_threshold, transition, h0_pieces, kernels, arch, sms)

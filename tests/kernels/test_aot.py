@@ -17,6 +17,7 @@ def test_aot_sm90_compiles_every_kernel(tmp_path, monkeypatch):
     assert lines.count("chunk_fwd") == 2 and lines.count("chunk_fwd_pipelined") == 2  # BV 32 and 64
     for name in ("chunk_local_cumsum", "kkt_solve", "chunk_local_cumsum_reverse", "backward"):
         assert name in lines, result.output
+    assert lines.count("backward") == 2  # bwd_h / bwd_dh at BV 32 and 64 (backward.value_tiles)
     assert "kernels compiled" in result.output.splitlines()[-1]
     assert any((tmp_path / "cache").rglob("*.cubin")), "no cubin written into the cache directory"
 

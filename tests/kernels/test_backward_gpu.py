@@ -132,6 +132,8 @@ def test_dense_batch_partial_chunk(gate, nan_buffers):
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_random_varlen_with_tail(seed, nan_buffers):
+    """10 sequences x 8 v-heads = 80 (sequence, v-head) pairs: bwd_h / bwd_dh at BV = 64 on the H200
+    (the other end-to-end cases have under 66 pairs: BV = 32, backward._value_tile)."""
     rng = random.Random(seed)
     lengths = [1, 33, 63, 64, 65] + [rng.randint(1, 700) for _ in range(5)]
     rng.shuffle(lengths)
@@ -189,10 +191,12 @@ _KERNEL_OUTPUTS = {
 }
 
 
+@pytest.mark.parametrize("bv", [32, 64], ids=["BV32", "BV64"])
 @pytest.mark.parametrize("h_qk,h_v", [(2, 4), (2, 2)], ids=["H2-HV4", "H2-HV2"])
-def test_each_kernel_matches_its_twin(h_qk, h_v, monkeypatch):
+def test_each_kernel_matches_its_twin(h_qk, h_v, bv, monkeypatch):
     """Each compiled kernel vs its torch twin fed the same inputs (bf16 staging in both); H2-HV2 runs
-    the bwd_intra variant that stores dq, dk in bf16."""
+    the bwd_intra variant that stores dq, dk in bf16; both V tiles of bwd_h / bwd_dh (the API picks
+    32 on grids under half the SMs, backward._value_tile)."""
     from qlabench.kernels.emulate_bwd import KERNEL_TWINS
 
     cu, T = _varlen([1, 33, 63, 64, 65, 150], tail=9)
@@ -200,7 +204,7 @@ def test_each_kernel_matches_its_twin(h_qk, h_v, monkeypatch):
     g_cumsum, A = forward_for_backward(inp)
     do = torch.randn(inp["v"].shape, device="cuda").bfloat16()
     real_tokens, real_chunks = cu[-1], sum(-(-n // 64) for n in [1, 33, 63, 64, 65, 150])
-    gpu = backward._kernels(h_qk, h_v, "bfloat16", "sm90")
+    gpu = backward._kernels(h_qk, h_v, "bfloat16", "sm90", bv)
     errs = {}
 
     def wrap(name):

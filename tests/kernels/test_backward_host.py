@@ -175,6 +175,27 @@ def test_kernels_pick_the_intra_output_dtype(arch, monkeypatch):
         backward._kernels(h_qk, h_v, dtype, arch)
         args, kw = calls["bwd_intra"]
         assert args[-1] == arch and kw == {"out_dtype": want}, (h_qk, h_v, dtype, calls["bwd_intra"])
+    # the V tile reaches bwd_h and bwd_dh (argument BV after h_qk, h_v, K, V)
+    for bv in backward.value_tiles(arch):
+        backward._kernels(2, 4, "bfloat16", arch, bv)
+        assert calls["bwd_h"][0][4] == calls["bwd_dh"][0][4] == bv
+
+
+def test_value_tile_follows_the_grid():
+    """bwd_h / bwd_dh take BV = 32 when the (sequence, v-head) pairs fill less than half the SMs
+    (forward.value_tile), on sm90; sm100's tcgen05 versions only take 64."""
+    assert backward.value_tiles("sm90") == (32, 64) and backward.value_tiles("sm100") == (64,)
+    assert backward._value_tile(16, 132, "sm90") == 32  # hk16_hv16, one sequence: 4 x 16 = 64 blocks
+    assert backward._value_tile(65, 132, "sm90") == 32
+    assert backward._value_tile(66, 132, "sm90") == 64
+    assert backward._value_tile(4 * 64, 132, "sm90") == 64
+    assert backward._value_tile(16, 148, "sm100") == 64
+    with pytest.raises(NotImplementedError, match="sm120"):
+        backward.value_tiles("sm120")
+    with pytest.raises(ValueError, match="bv must be one of"):
+        backward._kernels(2, 4, "bfloat16", "sm100", 32)  # refused before any compile
+    with pytest.raises(ValueError, match="bv must be one of"):
+        backward.compile_backward_kernels(2, 4, target="sm90", bv=128)
 
 
 def test_bad_arguments_raise():

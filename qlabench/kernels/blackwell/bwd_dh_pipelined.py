@@ -30,7 +30,9 @@ stage (Pg^T dO for Pg_s and dO_s, Ag^T dV' for Ag_s, K^T dU for K_s, Q^T eDO for
 ``T.gemm(..., mbar=)`` on its tensor-memory accumulator: tcgen05 issue + wait in one statement.
 Partial last chunk (the first one processed): rows past the sequence end are zeroed in shared memory
 (read-modify-write selects, so they wait for the TMA loads) and dV' is cut there by a select.
-Grid: (V / BV, N * H_v), BV = 64 (tcgen05's 64-row atoms need N >= 64 in TileLang 0.1.15).
+Grid: (V / BV, N * H_v), BV = 64 (tcgen05's 64-row atoms need N >= 64 in TileLang 0.1.15: at BV = 32
+its layout inference stops with "TCGEN05 meta not initialized"), so backward._value_tile keeps 64 on
+sm100 where sm90 narrows to 32 for small grids.
 Threads: 128 consumer (one warpgroup) + 128 producer. scale is a runtime argument.
 tcgen05 evidence (TileLang 0.1.15, nvcc 13.0, sm_100a, compiled on a CPU-only machine, never run on
 hardware): the generated CUDA holds ``tl::tcgen05mma_ws_ss`` / ``tl::tcgen05mma_ss`` (tcgen05.mma),

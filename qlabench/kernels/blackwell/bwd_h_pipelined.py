@@ -24,7 +24,9 @@ does not know a tcgen05 read is still in flight: K^T Z, the last reader of K_s, 
 with ``T.gemm(..., mbar=)`` on the tensor-memory accumulator (tcgen05 issue + wait in one statement).
 Rows past the sequence end: selects on Y and Z; K's rows there are zeroed (read-modify-write select)
 after K S has completed and before K^T Z.
-Grid: (V / BV, N * H_v), BV = 64 (tcgen05's 64-row atoms need N >= 64 in TileLang 0.1.15).
+Grid: (V / BV, N * H_v), BV = 64 (tcgen05's 64-row atoms need N >= 64 in TileLang 0.1.15: at BV = 32
+its layout inference stops with "TCGEN05 meta not initialized"), so backward._value_tile keeps 64 on
+sm100 where sm90 narrows to 32 for small grids.
 Threads: 128 consumer (one warpgroup: elected-thread MMA issue, tensor-memory read-back by lanes)
 + 128 producer.
 tcgen05 evidence (TileLang 0.1.15, nvcc 13.0, sm_100a, compiled on a CPU-only machine, never run on

@@ -21,6 +21,11 @@ Grid: (V / BV, N * H_v). Threads: 256 consumer (two warpgroups, each GEMM split 
 GEMMs per chunk (wgmma, smem operands, fp32 accumulate): K S 64xBVx128, Ab Y 64xBVx64, K^T Z 128xBVx64.
 Shared memory (BV = 64, bf16): ring 2 x (K 16 KB, V 8 KB, A 8 KB, factors 0.75 KB) = ~66 KB;
 S 16 KB, Ab, Y, Z 3 x 8 KB: ~106 KB.
+BV = 32 (backward._value_tile picks it on grids under half the SMs) is the same code: each consumer
+warpgroup's wgmma has N = 16 (32 at BV = 64); the state tile S (a wgmma operand, stored out as h by
+TMA) is laid out in 16-column halves with 32-byte swizzle, in the TMA map and in the wgmma
+descriptors alike (32-column halves, 64-byte swizzle at BV = 64); as compiled (TileLang 0.1.15,
+sm_90a) 83,968 B of shared memory (108,544 B at BV = 64), no local memory either way.
 Emulated step for step by ``qlabench.kernels.emulate_bwd._emu_h`` (twin ``twin_bwd_h_pipelined``).
 The loads and elementwise steps that do not depend on how products are issued are TileLang macros
 in common/bwd_h.py, shared with blackwell/bwd_h_pipelined.py.
