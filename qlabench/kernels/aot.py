@@ -37,9 +37,14 @@ def forward_kernels(h_qk: int, h_v: int, arch: str, dtype: str = "bfloat16",
         ("chunk_local_cumsum", f"H={h_v} C={C}", lambda: chunk_local_cumsum_kernel(h_v, C, False, a.name)),
         ("kkt_solve", f"hk{h_qk}_hv{h_v} {dtype}", lambda: kkt_solve_kernel(h_qk, h_v, HEAD_DIM, C, dtype, a.name)),
     ]
+    # the A/B recurrences and, where the arch has it, the warp-specialized one (sm90's default; the
+    # backward's h recompute runs it too, key-first)
+    from .dispatch import KERNEL_MODULES
+
+    recurrence_roles = [r for r in ("chunk_fwd", "chunk_fwd_pipelined", "chunk_fwd_ws") if r in KERNEL_MODULES[a.name]]
     for vf in state_layouts:
         for bv in VALUE_TILES:
-            for name in ("chunk_fwd", "chunk_fwd_pipelined"):
+            for name in recurrence_roles:
                 factory = kernel_factory(a, name)
                 jobs.append((
                     name, f"hk{h_qk}_hv{h_v} {dtype} BV={bv} {'vk' if vf else 'kv'}",

@@ -7,7 +7,10 @@ for step, is in ``emulate_bwd.py``:
 
     bwd_prepare  grid (NCmax, H_v)       per chunk: Pg, Ag (bf16 C x C masks), factors e, r, beta
     bwd_h        grid (V / BV, N * H_v)  forward over chunks: h (state at every chunk start);
-                                         ``hopper/bwd_h_pipelined.py`` (TMA ring, 256 + 128 threads)
+                                         on sm90 the forward's warp-specialized recurrence
+                                         (``hopper/chunk_fwd_ws.py`` with store_h, its o into a
+                                         scratch buffer: `h_recompute_kernel`), elsewhere
+                                         ``bwd_h_pipelined.py`` (TMA ring, 256 + 128 threads)
     bwd_dh       grid (V / BV, N * H_v)  reverse over chunks: dh (state grad at every chunk end), dv,
                                          dV', dh0; ``hopper/bwd_dh_pipelined.py`` (reads Pg, Ag and
                                          the factors: no exp or mask in the serial loop)
@@ -111,11 +114,48 @@ def _kernels(h_qk: int, h_v: int, dtype: str, arch: str, bv: int = _BV) -> dict:
     return {
         "bwd_prepare": f("bwd_prepare")(h_qk, h_v, K, C, dtype, a.name),
         "bwd_h": f("bwd_h")(h_qk, h_v, K, V, bv, C, dtype, a.name),
-        "bwd_dh": f("bwd_dh")(h_qk, h_v, K, V, bv, C, dtype, a.name),
+        "bwd_dh": f(_dh_role(a))(h_qk, h_v, K, V, bv, C, dtype, a.name),
         "bwd_state": f("bwd_state")(h_qk, h_v, K, V, C, dtype, a.name),
         "bwd_intra": f("bwd_intra")(h_qk, h_v, K, C, dtype, a.name,
                                     out_dtype=_intra_out_dtype(h_qk, h_v, dtype)),
     }
+
+
+def _dh_role(arch) -> str:
+    """bwd_dh's file: hopper/bwd_dh_ws.py (manually warp-specialized, same signature) when
+    QLABENCH_BWD_DH=ws and the arch has it (opt-in: not yet measured), else the arch's bwd_dh."""
+    import os
+
+    choice = os.environ.get("QLABENCH_BWD_DH", "auto")
+    if choice not in ("auto", "ws", "pipelined"):
+        raise ValueError(f"QLABENCH_BWD_DH must be auto, ws or pipelined, got {choice!r}")
+    return "bwd_dh_ws" if choice == "ws" else "bwd_dh"
+
+
+def h_recompute_kernel(h_qk: int, h_v: int, dtype: str, arch: str, bv: int):
+    """The forward's warp-specialized recurrence (hopper/chunk_fwd_ws.py, key-first layout, the same
+    compiled kernel as the forward's at this V tile) when it recomputes h in place of bwd_h, else None.
+
+    Where the arch has it (sm90) it is the default: it computes the same states (S at every chunk
+    start, from h0, with the Ag that bwd_prepare forms) with only the state path on its critical path;
+    bwd_h is the TMA-pipelined recurrence without warp roles (the forward's measured 0.82 vs 0.98 ms at
+    1x32768 hk16_hv16). Its o output, a by-product here, goes to a scratch buffer (dv's, before bwd_dh
+    writes dv). QLABENCH_BWD_H=pipelined forces bwd_h (the A/B switch).
+    """
+    import os
+
+    from .dispatch import KERNEL_MODULES
+
+    choice = os.environ.get("QLABENCH_BWD_H", "auto")
+    if choice not in ("auto", "ws", "pipelined"):
+        raise ValueError(f"QLABENCH_BWD_H must be auto, ws or pipelined, got {choice!r}")
+    a = arch_by_name(arch)
+    if choice == "pipelined" or "chunk_fwd_ws" not in KERNEL_MODULES[a.name]:
+        if choice == "ws":
+            raise ValueError(f"QLABENCH_BWD_H=ws: {a.name} has no chunk_fwd_ws")
+        return None
+    return kernel_factory(a, "chunk_fwd_ws")(h_qk, h_v, _HEAD_DIM, _HEAD_DIM, bv, a.chunk_size, dtype, False,
+                                              a.name)
 
 
 def compile_backward_kernels(h_qk, h_v, scale=None, dtype="bfloat16", state_v_first=False, target="sm90", *,
@@ -198,6 +238,9 @@ def chunk_gated_delta_rule_bwd(q, k, v, g_cumsum, beta, A, do, dht=None, scale=N
 
     bv = _value_tile(p.N * p.h_v, _sm_count(q.device), arch.name)
     kernels = _kernels(p.h_qk, p.h_v, _DTYPE_NAMES[q.dtype], arch.name, bv)
+    h_ws = h_recompute_kernel(p.h_qk, p.h_v, _DTYPE_NAMES[q.dtype], arch.name, bv)
+    if h_ws is not None:
+        kernels = {**kernels, "h_ws": h_ws}
     return _bwd_impl(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, state_v_first,
                      arch.chunk_size, kernels)
 
@@ -254,7 +297,11 @@ def _bwd_impl(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens,
     Ag = _alloc((BT, H, C), dtype, dev)
     fac = _alloc((ncmax, H, 3, C), f32, dev)
     kernels["bwd_prepare"](q2, k2, g2, b2, A2, bounds, Pg, Ag, fac, p.scale)
-    kernels["bwd_h"](k2, v2, A2, fac, cu, offsets, h0, h)
+    if "h_ws" in kernels:  # h by the forward's warp-specialized recurrence (store_h); its o -> dv scratch
+        no_skip = torch.empty(1, H, dtype=torch.int32, device=dev)  # has_skip = 0: never read
+        kernels["h_ws"](q2, k2, v2, g2, Ag, Pg, cu, offsets, no_skip, h0, dv, dh0, h, p.scale, 1, 0, 1, 0)
+    else:
+        kernels["bwd_h"](k2, v2, A2, fac, cu, offsets, h0, h)
     kernels["bwd_dh"](q2, k2, do2, Pg, Ag, fac, cu, offsets, dht2, dh, dvp, dv, dh0, p.scale)
     del Pg, Ag, fac
 

@@ -82,7 +82,9 @@ _SM100_BACKWARD = {
 FORWARD_ROLES = tuple(_HOPPER_FORWARD)
 BACKWARD_ROLES = tuple(_HOPPER_BACKWARD)
 KERNEL_MODULES: dict[str, dict[str, str]] = {
-    "sm90": {**_HOPPER_FORWARD, **_HOPPER_BACKWARD},  # verified on an H200
+    # verified on an H200; bwd_dh_ws (manually warp-specialized reverse pass) is opt-in,
+    # QLABENCH_BWD_DH=ws (backward._kernels)
+    "sm90": {**_HOPPER_FORWARD, **_HOPPER_BACKWARD, "bwd_dh_ws": "hopper.bwd_dh_ws:bwd_dh_ws_kernel"},
     # tcgen05 + tensor memory (blackwell/), forward and backward; compiled only
     "sm100": {**_SM100_FORWARD, **_SM100_BACKWARD},
     "sm120": dict(_SM120_FORWARD),  # Hopper forward for sm_120a, C = 32, smem-checked; compiled only; no backward
