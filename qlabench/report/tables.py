@@ -32,6 +32,7 @@ from typing import Any
 import pandas as pd
 
 from qlabench import roofline
+from qlabench.report import firstcall
 from qlabench.report.frame import Collected, backends_in_order, collect, dedupe_latest, default_subject
 
 FORMATS = ("text", "md", "csv", "html")
@@ -86,6 +87,7 @@ class Report:
     tables: list[PhaseTable]
     peak: roofline.GpuPeak | None
     notes: list[str]
+    first_calls: list[firstcall.FirstCallTable] = field(default_factory=list)  # [] when no row has one
 
 
 def _int_or_none(x: Any) -> int | None:
@@ -152,7 +154,8 @@ def build_report(
 
     backends = [subject] + peers
     tables = [_phase_table(df, phase, subject, peers, backends, peak) for phase in wanted]
-    return Report(col, subject, peers, tables, peak, notes)
+    first_calls = firstcall.build_first_calls(df, wanted, backends)
+    return Report(col, subject, peers, tables, peak, notes, first_calls)
 
 
 def _phase_table(df, phase, subject, peers, backends, peak) -> PhaseTable:
@@ -330,6 +333,8 @@ def render_text(report: Report) -> str:
                 out.append("")
             out += [fmt(cells) for cells in group]
         out.append("")
+    if report.first_calls:
+        out += ["=" * rule_w, ""] + firstcall.text_lines(report.first_calls)
     if not report.tables:
         out.append("(no rows for the selected phases)")
     return "\n".join(out).rstrip() + "\n"
@@ -389,6 +394,7 @@ def render_markdown(report: Report, plots: dict[str, list[str]] | None = None) -
             out.append("")
         for img in (plots or {}).get(table.phase, []):
             out += [f"![{img}]({img})", ""]
+    out += firstcall.md_lines(report.first_calls)
     for img in (plots or {}).get("all", []):
         out += [f"![{img}]({img})", ""]
     if not report.tables:
@@ -478,6 +484,7 @@ def render_html(report: Report) -> str:
                     f"<td>{fmt_x(s.geomean)}</td><td>{ci}</td><td>{fmt_x(s.worst)}</td><td>{fmt_x(s.best)}</td></tr>"
                 )
             out.append("</table>")
+    out += firstcall.html_lines(report.first_calls)
     out.append("</body></html>")
     return "\n".join(out) + "\n"
 
