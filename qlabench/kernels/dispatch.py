@@ -10,6 +10,8 @@ one by changing its row of `KERNEL_MODULES`:
     whose products are tcgen05 MMAs into tensor memory (UTCHMMA in the SASS); only the kkt_solve
     inverse's 32-row tf32 products stay mma.sync (tcgen05 tiles start at 64 rows). The Hopper files
     compiled for sm_100a would use mma.sync there (a plain `T.gemm` with a register accumulator).
+  * sm90 only: ``kkt_solve_grouped`` (hopper/kkt_solve_grouped.py: kkt_solve with one block per chunk
+    and qk-head, looping over the GQA group's v-heads; opt-in, QLABENCH_KKT=grouped, forward.kkt_role).
   * sm90 only: ``chunk_fwd_ws``, the manually warp-specialized recurrence (hopper/chunk_fwd_ws.py), the
     forward's default recurrence where an arch has it (forward.recurrence_role); the others run
     chunk_fwd_pipelined, and forcing ws there (QLABENCH_FWD_KERNEL=ws) raises ValueError.
@@ -83,8 +85,10 @@ FORWARD_ROLES = tuple(_HOPPER_FORWARD)
 BACKWARD_ROLES = tuple(_HOPPER_BACKWARD)
 KERNEL_MODULES: dict[str, dict[str, str]] = {
     # verified on an H200; bwd_dh_ws (manually warp-specialized reverse pass) is opt-in,
-    # QLABENCH_BWD_DH=ws (backward._kernels)
-    "sm90": {**_HOPPER_FORWARD, **_HOPPER_BACKWARD, "bwd_dh_ws": "hopper.bwd_dh_ws:bwd_dh_ws_kernel"},
+    # QLABENCH_BWD_DH=ws (backward._kernels); kkt_solve_grouped (one block per chunk and qk-head, GQA;
+    # not yet run on a GPU) is opt-in, QLABENCH_KKT=grouped (forward.kkt_role)
+    "sm90": {**_HOPPER_FORWARD, **_HOPPER_BACKWARD, "bwd_dh_ws": "hopper.bwd_dh_ws:bwd_dh_ws_kernel",
+             "kkt_solve_grouped": "hopper.kkt_solve_grouped:kkt_solve_grouped_kernel"},
     # tcgen05 + tensor memory (blackwell/), forward and backward; compiled only
     "sm100": {**_SM100_FORWARD, **_SM100_BACKWARD},
     "sm120": dict(_SM120_FORWARD),  # Hopper forward for sm_120a, C = 32, smem-checked; compiled only; no backward
