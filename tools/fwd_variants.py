@@ -3,14 +3,14 @@
     python tools/fwd_variants.py [--cases hk16_hv16:1x32768,...] [--variants auto,simple,...]
 
 Variants (environment switches of qlabench/kernels/forward.py, read at call time):
-    auto        forward.chunk_gated_delta_rule_fwd as the API calls it
+    auto        forward.chunk_gated_delta_rule_fwd as the API calls it (sm90: the ws recurrence)
     simple      QLABENCH_FWD_KERNEL=simple (plain recurrence for every grid)
     pipelined   QLABENCH_FWD_KERNEL=pipelined
     ws          QLABENCH_FWD_KERNEL=ws (hopper/chunk_fwd_ws.py: manually warp-specialized recurrence,
                 producer / state / output warpgroups; sm90 only)
     ws_autosync ws compiled with TileLang's automatic shared-memory syncs back on
                 (QLABENCH_WS_AUTO_SYNC=1): the race-debugging A/B of ws
-    kkt_vector  kkt_solve with whole-tile vector loads (QLABENCH_KKT_VECTOR=1)
+    kkt_grouped kkt_solve_grouped for GQA (QLABENCH_KKT=grouped: K K^T and Q K^T once per qk-head)
     cp          forward_cp.chunk_gated_delta_rule_fwd_cp with the model's plan (warm-up truncation at -10)
     cp_exact    cp with decay_threshold=None (every head runs whole pieces and the transition: the A/B
                 baseline of the warm-up truncation)
@@ -35,7 +35,7 @@ ENV = {
     "pipelined": {"QLABENCH_FWD_KERNEL": "pipelined"},
     "ws": {"QLABENCH_FWD_KERNEL": "ws"},
     "ws_autosync": {"QLABENCH_FWD_KERNEL": "ws", "QLABENCH_WS_AUTO_SYNC": "1"},
-    "kkt_vector": {"QLABENCH_KKT_VECTOR": "1"},
+    "kkt_grouped": {"QLABENCH_KKT": "grouped"},
     "cp": {},
     "cp_exact": {},
     "cp_pipelined": {"QLABENCH_FWD_KERNEL": "pipelined"},
@@ -45,7 +45,7 @@ DEFAULT_CASES = ("hk16_hv16:1x32768,hk16_hv16:8192x4,hk16_hv16:1024x8,hk16_hv16:
 
 
 def _set_env(name):
-    for key in ("QLABENCH_FWD_KERNEL", "QLABENCH_KKT_VECTOR", "QLABENCH_WS_AUTO_SYNC"):
+    for key in ("QLABENCH_FWD_KERNEL", "QLABENCH_KKT", "QLABENCH_WS_AUTO_SYNC"):
         os.environ.pop(key, None)
     os.environ.update(ENV[name])
 
@@ -87,7 +87,7 @@ def main():
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", default=DEFAULT_CASES)
-    ap.add_argument("--variants", default="auto,simple,pipelined,ws,kkt_vector,cp,cp_pipelined")
+    ap.add_argument("--variants", default="auto,pipelined,kkt_grouped,cp")
     ap.add_argument("--split", default="", help="comma list of variants to profile per kernel")
     args = ap.parse_args()
     variants = args.variants.split(",")
