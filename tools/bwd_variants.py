@@ -21,6 +21,7 @@ import argparse
 import os
 
 import torch
+from variants_common import kernel_split, rel_l2
 
 from qlabench.workload import make_workload, parse_pattern
 
@@ -39,11 +40,6 @@ def _set_env(name):
     os.environ.update(ENV[name])
 
 
-def _rel(a, b):
-    a, b = a.double(), b.double()
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
-
-
 def _leaves(w):
     return [x.detach().clone().requires_grad_(True) for x in (w.q, w.k, w.v, w.g, w.beta, w.h0)]
 
@@ -57,20 +53,6 @@ def _reference(w, do, dht):
     o, ht = chunk_gated_delta_rule_ref(*leaves[:5], initial_state=leaves[5], cu_seqlens=w.cu_seqlens,
                                        output_final_state=True)
     return torch.autograd.grad((o, ht), leaves, (do.double(), dht.double()))
-
-
-def _kernel_split(fn, calls=5):
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    out = {}
-    for ev in prof.key_averages():
-        if ev.device_type.name == "CUDA" and getattr(ev, "device_time_total", 0) > 0:
-            out[ev.key[:40]] = ev.device_time_total / calls / 1000.0
-    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
 def main():
@@ -102,13 +84,13 @@ def main():
                 def bwd(o=o, ht=ht, leaves=leaves, do=do, dht=dht):
                     return torch.autograd.grad((o, ht), leaves, (do, dht), retain_graph=True)
 
-                errs = [_rel(g, r) for g, r in zip(bwd(), ref)]
+                errs = [rel_l2(g, r) for g, r in zip(bwd(), ref)]
                 ms = do_bench_cudagraph(bwd, rep=40)
                 bad = [n for n, e in zip(NAMES, errs) if not e <= 0.02]
                 line.append(f"{name} {ms:.3f}ms" + (f" BAD {bad}" if bad else "")
                             + " (" + " ".join(f"{n} {e:.1e}" for n, e in zip(NAMES, errs)) + ")")
                 if name in args.split.split(","):
-                    top = list(_kernel_split(bwd).items())[:8]
+                    top = list(kernel_split(bwd).items())[:8]
                     print(f"   split {cfg} {pat} {name}: " + ", ".join(f"{k} {v:.3f}" for k, v in top), flush=True)
             except Exception as exc:  # noqa: BLE001 - a variant's failure is reported, the rest go on
                 line.append(f"{name} ERR {type(exc).__name__}: {str(exc)[:120]}")

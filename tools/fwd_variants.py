@@ -26,6 +26,7 @@ import os
 import time
 
 import torch
+from variants_common import kernel_split, rel_l2
 
 from qlabench.workload import make_workload, parse_pattern
 
@@ -61,25 +62,6 @@ def _fn(name, w):
     return lambda: f(w.q, w.k, w.v, w.g, w.beta, initial_state=w.h0, cu_seqlens=w.cu_seqlens)
 
 
-def _rel(a, b):
-    a, b = a.double(), b.double()
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
-
-
-def _kernel_split(fn, calls=5):
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    out = {}
-    for ev in prof.key_averages():
-        if ev.device_type.name == "CUDA" and getattr(ev, "device_time_total", 0) > 0:
-            out[ev.key[:48]] = ev.device_time_total / calls / 1000.0
-    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
-
-
 def main():
     from triton.testing import do_bench_cudagraph
 
@@ -107,12 +89,12 @@ def main():
                 with torch.no_grad():
                     _, _, o, _, s = fn()
                     torch.cuda.synchronize()
-                    eo, es = _rel(o, ref_o), _rel(s, ref_s)
+                    eo, es = rel_l2(o, ref_o), rel_l2(s, ref_s)
                     ms = do_bench_cudagraph(fn, rep=40)
                 ok = eo <= 0.02 and es <= 0.02
                 line.append(f"{name} {ms:.3f}ms{'' if ok else ' BAD'}(o {eo:.1e} s {es:.1e})")
                 if name in args.split.split(","):
-                    split = _kernel_split(fn)
+                    split = kernel_split(fn)
                     top = list(split.items())[:6]
                     print(f"   split {cfg} {pat} {name}: " + ", ".join(f"{k} {v:.3f}" for k, v in top),
                           flush=True)

@@ -14,8 +14,9 @@ import re
 
 import pytest
 
+from .compiled_source import SMEM_PER_BLOCK, dynamic_shared_memory
+
 D, C = 128, 64
-SMEM_PER_BLOCK = 232448  # 227 KB: the most shared memory one block may opt into on the H200
 # mbarriers and their arrive counts (header: "Barriers")
 BARRIERS = {"full": "128", "empty": "256", "aux_ready": "128", "s_ready": "128", "v_ready": "128",
             "h_free": "128", "pt_ready": "128", "pt_free": "128"}
@@ -32,18 +33,6 @@ WAITS = {
     "pt_ready[0].wait(((p * 2) & 1))": 1, "pt_ready[0].wait((((p * 2) + 1) & 1))": 1,
     "pt_free[0].wait((((p * 2) & 1) ^ 1))": 1, "pt_free[0].wait(((((p * 2) + 1) & 1) ^ 1))": 1,
 }
-
-
-def _dynamic_shared_memory(kernel) -> int:
-    """Dynamic shared memory (bytes) the generated host code launches the kernel with: the last launch
-    argument filled in before the packed kernel call."""
-    host = kernel.get_host_source()
-    call = re.search(r"TVMFFIFunctionCall\((\w+)_kernel_packed, \(TVMFFIAny\*\) stack_ffi_any, (\d+)", host)
-    assert call is not None, "no kernel launch in the host code"
-    last = int(call.group(2)) - 1
-    sizes = re.findall(rf"stack_ffi_any\)\[{last}\]\.v_int64\) = \(\(int64_t\)(\d+)\)", host[:call.start()])
-    assert sizes, "no dynamic shared memory size in the host code"
-    return int(sizes[-1])
 
 
 @pytest.mark.parametrize("HK,HV,BV", [(16, 16, 32), (16, 16, 64), (2, 4, 32), (4, 8, 64)],
@@ -105,7 +94,7 @@ def test_bwd_dh_ws_compiles_sm90a(HK, HV, BV, tmp_path, monkeypatch):
     assert src.index("fence_barrier_init") < src.index("__syncthreads()") < src.index("warpgroup_reg_dealloc")
     assert "__sync_thread_partial(3" not in src and "__sync_thread_partial(4" not in src
 
-    smem = _dynamic_shared_memory(kernel)
+    smem = dynamic_shared_memory(kernel)
     assert smem == ws.shared_memory_bytes(D, BV, C), smem
     assert smem <= SMEM_PER_BLOCK - 4096  # the mbarriers are 2 KB static on top
 

@@ -10,20 +10,9 @@ import re
 
 import pytest
 
+from .compiled_source import SMEM_PER_BLOCK, dynamic_shared_memory
+
 HK, HV, D, C = 16, 16, 128, 64
-SMEM_PER_BLOCK = 232448  # 227 KB: the most shared memory one block may opt into on the H200
-
-
-def _dynamic_shared_memory(kernel) -> int:
-    """Dynamic shared memory (bytes) the generated host code launches the kernel with: the last launch
-    argument filled in before the packed kernel call."""
-    host = kernel.get_host_source()
-    call = re.search(r"TVMFFIFunctionCall\((\w+)_kernel_packed, \(TVMFFIAny\*\) stack_ffi_any, (\d+)", host)
-    assert call is not None, "no kernel launch in the host code"
-    last = int(call.group(2)) - 1
-    sizes = re.findall(rf"stack_ffi_any\)\[{last}\]\.v_int64\) = \(\(int64_t\)(\d+)\)", host[:call.start()])
-    assert sizes, "no dynamic shared memory size in the host code"
-    return int(sizes[-1])
 
 
 @pytest.mark.parametrize("BV,state_v_first", [(32, False), (64, False), (32, True), (64, True)],
@@ -63,6 +52,6 @@ def test_chunk_fwd_ws_compiles_sm90a(BV, state_v_first, tmp_path, monkeypatch):
     assert src.index("__syncthreads()") < src.index("warpgroup_reg_dealloc")
     assert "__sync_thread_partial(3" not in src and "__sync_thread_partial(4" not in src
 
-    smem = _dynamic_shared_memory(kernel)
+    smem = dynamic_shared_memory(kernel)
     assert smem == ws.shared_memory_bytes(D, BV, C), smem
     assert smem <= SMEM_PER_BLOCK - 4096

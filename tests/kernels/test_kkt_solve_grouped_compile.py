@@ -18,22 +18,11 @@ from pathlib import Path
 
 import pytest
 
+from .compiled_source import SMEM_PER_BLOCK, dynamic_shared_memory
+
 D, C = 128, 64
-SMEM_PER_BLOCK = 232448  # 227 KB: the most shared memory one block may opt into on the H200
 SMEM_PER_SM = 233472  # 228 KB per SM on the H200; each resident block also reserves 1 KB
 SMEM_KKT_SOLVE = 37376  # hopper/kkt_solve.py as compiled for sm_90a (TileLang 0.1.15)
-
-
-def _dynamic_shared_memory(kernel) -> int:
-    """Dynamic shared memory (bytes) the generated host code launches the kernel with: the last launch
-    argument filled in before the packed kernel call."""
-    host = kernel.get_host_source()
-    call = re.search(r"TVMFFIFunctionCall\((\w+)_kernel_packed, \(TVMFFIAny\*\) stack_ffi_any, (\d+)", host)
-    assert call is not None, "no kernel launch in the host code"
-    last = int(call.group(2)) - 1
-    sizes = re.findall(rf"stack_ffi_any\)\[{last}\]\.v_int64\) = \(\(int64_t\)(\d+)\)", host[:call.start()])
-    assert sizes, "no dynamic shared memory size in the host code"
-    return int(sizes[-1])
 
 
 def _resource_usage(cache: Path) -> list[dict[str, int]] | None:
@@ -111,7 +100,7 @@ def test_kkt_solve_grouped_compiles_sm90a(HK, HV, split, kkt_shared, tmp_path, m
     if split == 1:
         assert f"(((int64_t)((int)blockIdx.y)) * (int64_t){group})" in src
 
-    smem = _dynamic_shared_memory(kernel)
+    smem = dynamic_shared_memory(kernel)
     assert smem <= SMEM_PER_BLOCK
     if kkt_shared:  # kkt_solve's + K K^T in fp32 (16 KB), still 4 blocks per SM
         assert smem <= SMEM_KKT_SOLVE + 4 * C * C + 1024, smem
