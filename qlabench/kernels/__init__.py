@@ -46,12 +46,9 @@ def cp_mode() -> str:
     0.44 ms): its fallback heads still run whole pieces twice, and the correction adds ~0.2 ms of
     small launches.
     """
-    import os
+    from .dispatch import env_choice
 
-    mode = os.environ.get("QLABENCH_CP", "off")
-    if mode not in CP_MODES:
-        raise ValueError(f"QLABENCH_CP must be one of {', '.join(CP_MODES)}, got {mode!r}")
-    return mode
+    return env_choice("QLABENCH_CP", CP_MODES, "off")
 
 
 def _forward(q, k, v, g, beta, *, scale, initial_state, cu_seqlens, output_final_state, output_h, state_v_first):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from .dispatch import arch_by_name, kernel_factory
+from .dispatch import arch_by_name, has_kernel, kernel_factory
 
 HEAD_DIM = 128
 VALUE_TILES = (32, 64)
@@ -39,9 +39,7 @@ def forward_kernels(h_qk: int, h_v: int, arch: str, dtype: str = "bfloat16",
     ]
     # the A/B recurrences and, where the arch has it, the warp-specialized one (sm90's default; the
     # backward's h recompute runs it too, key-first)
-    from .dispatch import KERNEL_MODULES
-
-    recurrence_roles = [r for r in ("chunk_fwd", "chunk_fwd_pipelined", "chunk_fwd_ws") if r in KERNEL_MODULES[a.name]]
+    recurrence_roles = [r for r in ("chunk_fwd", "chunk_fwd_pipelined", "chunk_fwd_ws") if has_kernel(a, r)]
     for vf in state_layouts:
         for bv in VALUE_TILES:
             for name in recurrence_roles:

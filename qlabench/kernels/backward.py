@@ -35,7 +35,7 @@ from __future__ import annotations
 import torch
 
 from .common.chunks import chunk_table
-from .dispatch import arch_by_name, arch_for_device, kernel_factory, require_backward
+from .dispatch import arch_by_name, arch_for_device, env_choice, has_kernel, kernel_factory, require_backward
 from .validate import validate
 
 __all__ = ["chunk_gated_delta_rule_bwd", "compile_backward_kernels"]
@@ -123,13 +123,8 @@ def _kernels(h_qk: int, h_v: int, dtype: str, arch: str, bv: int = _BV) -> dict:
 
 def _dh_role(arch) -> str:
     """bwd_dh's file: hopper/bwd_dh_ws.py (manually warp-specialized, same signature) when
-    QLABENCH_BWD_DH=ws and the arch has it (opt-in: not yet measured), else the arch's bwd_dh."""
-    import os
-
-    choice = os.environ.get("QLABENCH_BWD_DH", "auto")
-    if choice not in ("auto", "ws", "pipelined"):
-        raise ValueError(f"QLABENCH_BWD_DH must be auto, ws or pipelined, got {choice!r}")
-    return "bwd_dh_ws" if choice == "ws" else "bwd_dh"
+    QLABENCH_BWD_DH=ws (opt-in; sm90 only: elsewhere kernel_factory raises), else the arch's bwd_dh."""
+    return "bwd_dh_ws" if env_choice("QLABENCH_BWD_DH", ("auto", "ws", "pipelined"), "auto") == "ws" else "bwd_dh"
 
 
 def h_recompute_kernel(h_qk: int, h_v: int, dtype: str, arch: str, bv: int):
@@ -142,15 +137,9 @@ def h_recompute_kernel(h_qk: int, h_v: int, dtype: str, arch: str, bv: int):
     1x32768 hk16_hv16). Its o output, a by-product here, goes to a scratch buffer (dv's, before bwd_dh
     writes dv). QLABENCH_BWD_H=pipelined forces bwd_h (the A/B switch).
     """
-    import os
-
-    from .dispatch import KERNEL_MODULES
-
-    choice = os.environ.get("QLABENCH_BWD_H", "auto")
-    if choice not in ("auto", "ws", "pipelined"):
-        raise ValueError(f"QLABENCH_BWD_H must be auto, ws or pipelined, got {choice!r}")
+    choice = env_choice("QLABENCH_BWD_H", ("auto", "ws", "pipelined"), "auto")
     a = arch_by_name(arch)
-    if choice == "pipelined" or "chunk_fwd_ws" not in KERNEL_MODULES[a.name]:
+    if choice == "pipelined" or not has_kernel(a, "chunk_fwd_ws"):
         if choice == "ws":
             raise ValueError(f"QLABENCH_BWD_H=ws: {a.name} has no chunk_fwd_ws")
         return None

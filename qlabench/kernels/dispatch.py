@@ -117,6 +117,25 @@ def kernel_factory(arch: Arch | str, role: str):
     return getattr(importlib.import_module(f"{__package__}.{module}"), func)
 
 
+def has_kernel(arch: Arch | str, role: str) -> bool:
+    """Whether ``arch`` has a file for kernel ``role`` (the optional ones: chunk_fwd_ws, bwd_dh_ws,
+    kkt_solve_grouped are sm90 only)."""
+    a = arch if isinstance(arch, Arch) else arch_by_name(arch)
+    return role in KERNEL_MODULES[a.name]
+
+
+def env_choice(var: str, choices: tuple[str, ...], default: str) -> str:
+    """The value of the environment switch ``var`` (``default`` when unset), read at call time; a
+    value outside ``choices`` raises ValueError naming it. The kernels' A/B switches (QLABENCH_CP,
+    QLABENCH_FWD_KERNEL, QLABENCH_KKT, QLABENCH_BWD_H, QLABENCH_BWD_DH) all read through here."""
+    import os
+
+    value = os.environ.get(var, default)
+    if value not in choices:
+        raise ValueError(f"{var} must be one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
 def require_backward(arch: Arch) -> None:
     """NotImplementedError naming ``arch`` when it has no backward kernels."""
     if not arch.has_backward:

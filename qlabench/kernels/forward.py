@@ -12,7 +12,7 @@ import torch
 
 from .common.chunks import chunk_table
 from .common.cumsum import chunk_local_cumsum
-from .dispatch import Arch, arch_for_device, kernel_factory
+from .dispatch import Arch, arch_for_device, env_choice, has_kernel, kernel_factory
 from .validate import validate
 
 _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -98,17 +98,9 @@ def kkt_role(arch: Arch | str, group: int) -> str:
     chunk and qk-head computing K K^T and Q K^T once for the GQA group; NOT YET RUN ON A GPU) where
     the group is > 1 and the arch has it (sm90); elsewhere kkt_solve. Unset or ``default``: kkt_solve;
     another value raises ValueError."""
-    import os
-
-    choice = os.environ.get("QLABENCH_KKT", "default") or "default"
-    if choice not in _KKT_CHOICES:
-        raise ValueError(f"QLABENCH_KKT must be default or grouped, got {choice!r}")
-    if choice == "grouped" and group > 1:
-        from .dispatch import KERNEL_MODULES, arch_by_name
-
-        name = arch if isinstance(arch, str) else arch.name
-        if "kkt_solve_grouped" in KERNEL_MODULES[arch_by_name(name).name]:
-            return "kkt_solve_grouped"
+    choice = env_choice("QLABENCH_KKT", _KKT_CHOICES, "default")
+    if choice == "grouped" and group > 1 and has_kernel(arch, "kkt_solve_grouped"):
+        return "kkt_solve_grouped"
     return "kkt_solve"
 
 
@@ -140,18 +132,11 @@ def recurrence_role(n_blocks: int, sm_count: int, arch: Arch | str | None = None
     archs without it); auto (the default) takes the rule above. ``n_blocks`` and ``sm_count`` are
     kept for grid-dependent rules (none at present).
     """
-    import os
-
     del n_blocks, sm_count
-    choice = os.environ.get("QLABENCH_FWD_KERNEL", "auto")
+    choice = env_choice("QLABENCH_FWD_KERNEL", ("auto",) + tuple(_RECURRENCE_ROLES), "auto")
     if choice == "auto":
-        from .dispatch import KERNEL_MODULES, arch_by_name
-
-        name = None if arch is None else (arch if isinstance(arch, str) else arch.name)
-        has_ws = name is not None and "chunk_fwd_ws" in KERNEL_MODULES[arch_by_name(name).name]
+        has_ws = arch is not None and has_kernel(arch, "chunk_fwd_ws")
         return "chunk_fwd_ws" if has_ws else "chunk_fwd_pipelined"
-    if choice not in _RECURRENCE_ROLES:
-        raise ValueError(f"QLABENCH_FWD_KERNEL must be auto, simple, pipelined or ws, got {choice!r}")
     return _RECURRENCE_ROLES[choice]
 
 
