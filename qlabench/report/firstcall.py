@@ -91,8 +91,7 @@ class FirstCallTable:
     recompiles: list[Recompile]
 
     def label(self, row: FirstCallRow) -> str:
-        """The configuration's name as the phase tables show it (model label for fwd, preset otherwise)."""
-        return (row.model or row.preset) if self.phase == "fwd" else row.preset
+        return _label(self.phase, row)
 
     def stats(self, backend: str) -> tuple[int, float, float, str] | None:
         """(configurations with a value, median, max, label of the max) or None."""
@@ -105,6 +104,11 @@ class FirstCallTable:
     @property
     def marked(self) -> list[str]:
         return sorted({p for r in self.rows for c in r.cells.values() if c.seconds is not None for p in c.after_phases})
+
+
+def _label(phase: str, row: FirstCallRow) -> str:
+    """The configuration's name as the phase tables show it (model label for fwd, preset otherwise)."""
+    return (row.model or row.preset) if phase == "fwd" else row.preset
 
 
 # ---- building -------------------------------------------------------------------------------------
@@ -191,9 +195,7 @@ def build_first_calls(df: pd.DataFrame, phases: list[str], backends: list[str]) 
             ]
             if later:
                 v, pat = max(later)
-                row = rows[tuple(key)]
-                label = (row.model or row.preset) if phase == "fwd" else row.preset
-                recompiles.setdefault(str(backend), []).append((v, label, pat))
+                recompiles.setdefault(str(backend), []).append((v, _label(phase, rows[tuple(key)]), pat))
         notes = []
         for b in backends:
             hits = recompiles.get(b)
@@ -258,7 +260,9 @@ def backend_lines(table: FirstCallTable) -> list[str]:
 
 
 def phase_heading(phase: str) -> str:
-    return {"fwd": "Forward (fwd)", "bwd": "Backward (bwd)", "fwdbwd": "Forward+backward (fwdbwd)"}[phase]
+    from qlabench.report.tables import phase_heading as heading  # tables imports this module
+
+    return heading(phase)
 
 
 def text_lines(tables: list[FirstCallTable]) -> list[str]:
@@ -285,9 +289,7 @@ def text_lines(tables: list[FirstCallTable]) -> list[str]:
 def md_lines(tables: list[FirstCallTable]) -> list[str]:
     if not tables:
         return []
-
-    def row(cs: list[str]) -> str:
-        return "| " + " | ".join(c.replace("|", "\\|") for c in cs) + " |"
+    from qlabench.report.tables import md_row as row  # tables imports this module
 
     out = [f"## {TITLE}", "", DESCRIPTION, ""]
     for t in tables:

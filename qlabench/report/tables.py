@@ -38,6 +38,11 @@ from qlabench.report.frame import Collected, backends_in_order, collect, dedupe_
 FORMATS = ("text", "md", "csv", "html")
 PHASE_ORDER = ("fwd", "bwd", "fwdbwd")
 PHASE_TITLE = {"fwd": "FORWARD", "bwd": "BACKWARD", "fwdbwd": "FORWARD+BACKWARD"}
+
+
+def phase_heading(phase: str) -> str:
+    """A phase's markdown / html heading: 'Forward (fwd)', 'Backward (bwd)', 'Forward+backward (fwdbwd)'."""
+    return f"{PHASE_TITLE[phase].capitalize()} ({phase})"
 MISSING = "-"
 _N_LABEL_COLS = 2  # label columns are left-aligned, numbers right-aligned, like FlashQLA's file
 
@@ -343,7 +348,7 @@ def render_text(report: Report) -> str:
 # ---- markdown --------------------------------------------------------------------------------------
 
 
-def _md_row(cells: list[str]) -> str:
+def md_row(cells: list[str]) -> str:
     return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
 
 
@@ -361,24 +366,24 @@ def render_markdown(report: Report, plots: dict[str, list[str]] | None = None) -
             out.append(f"- {h}")
     out.append("")
     for table in report.tables:
-        out += [f"## {PHASE_TITLE[table.phase].capitalize()} ({table.phase})", ""]
+        out += [f"## {phase_heading(table.phase)}", ""]
         cols = table_columns(table)
-        out.append(_md_row(cols))
+        out.append(md_row(cols))
         out.append("|" + "|".join("---" if i < 2 else "---:" for i in range(len(cols))) + "|")
         for _, lines in table.groups:
             for line in lines:
-                out.append(_md_row(table_cells(table, line)))
+                out.append(md_row(table_cells(table, line)))
         out.append("")
         summary = summarise_table(table)
         if summary:
             out += [f"### Summary: {table.subject} vs peers ({table.phase})", ""]
             out.append(
-                _md_row(["Group", "Peer", "Cases", "Geomean", "95% CI", "Worst", "Best", "Not compared"])
+                md_row(["Group", "Peer", "Cases", "Geomean", "95% CI", "Worst", "Best", "Not compared"])
             )
             out.append("|---|---|---:|---:|---:|---|---|---:|")
             for s in summary:
                 out.append(
-                    _md_row(
+                    md_row(
                         [
                             s.group,
                             s.peer,
