@@ -49,7 +49,8 @@ ARCHS: dict[str, Arch] = {
 
 
 # Kernel role -> "module:factory" under qlabench.kernels, per architecture. Each factory takes the
-# arch name as its last argument and compiles for that arch's target.
+# arch name as its last positional argument (variant switches follow as keywords: bwd_intra's
+# out_dtype, kkt_solve_grouped's split) and compiles for that arch's target.
 _HOPPER_FORWARD = {
     "kkt_solve": "hopper.kkt_solve:kkt_solve_kernel",
     "chunk_fwd": "hopper.chunk_fwd:chunk_fwd_kernel",
