@@ -129,9 +129,10 @@ def _emu_state(K_c, V_c, dO_c, dVp_c, dv_c, A_c, S0, dS, b, e, r, gC, Gam, last,
     T1 = Vp_s @ _t(dS)
     kt1 = r * (K_c * T1).sum(-1)
     dk0 = r[..., None] * T1 + dU_s @ _t(S0)
-    glast = torch.exp(gC) * (dS * S0).sum((-1, -2)) + kt1.sum(-1)
+    # on the last real row the r-term cancels exactly: it gets the r-terms of the rows before it only
+    glast = torch.exp(gC) * (dS * S0).sum((-1, -2)) + kt1[:, :last].sum(-1)
     dgam0 = dgam_u - kt1
-    dgam0[:, last] += glast
+    dgam0[:, last] = dgam_u[:, last] + glast
     return dAg, dPg, dq0, dk0, dgam0
 
 
