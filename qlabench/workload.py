@@ -8,12 +8,23 @@ Pattern grammar (whole string, spaces not allowed):
     ``28672+4096``             explicit lengths, in order
     ``32k_4seq``               ``32 * 1024`` tokens cut into 4 sequences at seeded random points
     ``4096``                   one sequence
+    ``512*1`` / ``128*63+128*65``  ``N*L`` = exactly N sequences of L tokens (count first: unlike
+                               ``x``, the order matters); such terms mix with plain lengths by ``+``
+    ``<pattern>+pad<P>``       any of the above, then a padding tail of P tokens after the last
+                               sequence (``cu_seqlens[-1] < T``; its outputs must be 0, its gradients 0)
 
 Gate profiles (natural-log gate g, fp32, always <= 0):
     ``bench``       logsigmoid(randn) / 16, with 25% of the v-heads at g = 0 (FlashQLA's benchmark)
     ``qwen``        -A_h * softplus(0.5 randn + 1), A_h ~ U(0, 16) per v-head, the first head at
                     A = 0 and the last at A = 16 (FlashQLA's unit tests: strong decay, up to ~ -20)
+    ``extreme``     ``qwen`` with A_h ~ U(0, 30), the last head at A = 30: about -40 per token there
+                    (a chunk's cumulative gate reaches -2500: exp(-gam) overflows fp32)
     ``logsigmoid``  logsigmoid(randn) (FLA's benchmarks)
+
+Beta profiles (write strength, fp32): ``sigmoid`` = sigmoid(randn) (the default, FlashQLA's recipe),
+``near0`` = sigmoid(randn - 8) (about 2e-5 to 7e-3), ``near1`` = sigmoid(randn + 8) (1 - beta about
+2e-5 to 7e-3). ``h0_scale`` multiplies the initial state (randn) to make it large. Both reuse the same
+random draws as the default, so a variant differs from its default case only in that transform.
 """
 
 from __future__ import annotations
@@ -27,25 +38,40 @@ import torch
 import torch.nn.functional as F
 
 HEAD_DIM = 128
-GATE_PROFILES = ("bench", "qwen", "logsigmoid")
+GATE_PROFILES = ("bench", "qwen", "extreme", "logsigmoid")
+BETA_PROFILES = ("sigmoid", "near0", "near1")
+DEFAULT_BETA_PROFILE = "sigmoid"
+DEFAULT_H0_SCALE = 1.0
+_BETA_SHIFT = {"sigmoid": 0.0, "near0": -8.0, "near1": 8.0}  # beta = sigmoid(randn + shift)
+_GATE_A_MAX = {"qwen": 16.0, "extreme": 30.0}  # the largest per-head decay rate A_h
 DEFAULT_CUT_SEED = 42
 
 _PRODUCT = re.compile(r"^(\d+)x(\d+)$")
 _SUM = re.compile(r"^\d+(\+\d+)+$")
 _CUT = re.compile(r"^(\d+)(k?)_(\d+)seq$")
 _SINGLE = re.compile(r"^\d+$")
+_COUNTED = re.compile(r"^(\d+\*)?\d+(\+(\d+\*)?\d+)*$")  # "N*L" terms, with at least one "*"
+_PAD = re.compile(r"^(.+)\+pad(\d+)$")
 
 
 @dataclass(frozen=True)
 class Pattern:
-    """A named sequence-length pattern: ``name`` as written, ``seqlens`` the lengths it stands for."""
+    """A named sequence-length pattern: ``name`` as written, ``seqlens`` the lengths it stands for,
+    ``pad`` the tokens of a padding tail after the last sequence (0: none)."""
 
     name: str
     seqlens: tuple[int, ...]
+    pad: int = 0
 
     @property
     def total_tokens(self) -> int:
+        """Tokens in sequences (the padding tail excluded)."""
         return sum(self.seqlens)
+
+    @property
+    def packed_tokens(self) -> int:
+        """T of the packed input: the sequences and the padding tail."""
+        return self.total_tokens + self.pad
 
     @property
     def n_seqs(self) -> int:
@@ -73,6 +99,11 @@ def parse_pattern(text: str, cut_seed: int = DEFAULT_CUT_SEED) -> Pattern:
     if not isinstance(text, str):
         raise TypeError(f"seqlen pattern must be a string, got {type(text).__name__}: {text!r}")
     s = text.strip()
+    if m := _PAD.match(s):
+        inner = parse_pattern(m.group(1), cut_seed)
+        if inner.pad:
+            raise ValueError(f"seqlen pattern {text!r}: only one padding tail (+pad<P>) at the end")
+        return Pattern(s, inner.seqlens, _positive(text, int(m.group(2)), "the padding tail"))
     if m := _PRODUCT.match(s):
         a = _positive(text, int(m.group(1)), "each factor")
         b = _positive(text, int(m.group(2)), "each factor")
@@ -87,21 +118,32 @@ def parse_pattern(text: str, cut_seed: int = DEFAULT_CUT_SEED) -> Pattern:
         return Pattern(s, random_cut(total, n, cut_seed))
     if _SINGLE.match(s):
         return Pattern(s, (_positive(text, int(s), "the length"),))
+    if "*" in s and _COUNTED.match(s):
+        lens: list[int] = []
+        for term in s.split("+"):
+            count, _, length = term.rpartition("*")
+            n = _positive(text, int(count), "each count") if count else 1
+            lens += [_positive(text, int(length), "each length")] * n
+        return Pattern(s, tuple(lens))
     raise ValueError(
-        f"bad seqlen pattern {text!r}; expected e.g. '1x32768', '8192x4', '28672+4096', '32k_4seq' "
-        "or '4096'"
+        f"bad seqlen pattern {text!r}; expected e.g. '1x32768', '8192x4', '28672+4096', '32k_4seq', "
+        "'4096', '512*1' or '128*63+128*65+pad1000'"
     )
 
 
 def scale_pattern(pattern: Pattern, max_tokens: int) -> Pattern:
     """Shrinks a pattern proportionally so it holds at most ``max_tokens`` tokens (--quick on CPU).
 
-    The name stays; every sequence keeps at least one token.
+    The name stays; every sequence keeps at least one token; a padding tail shrinks by the same
+    factor (at least one token).
     """
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
     if pattern.total_tokens <= max_tokens:
         return pattern
+    if pattern.pad:
+        pad = max(1, pattern.pad * max_tokens // pattern.total_tokens)
+        return replace(scale_pattern(replace(pattern, pad=0), max_tokens), pad=pad)
     n = pattern.n_seqs
     if n > max_tokens:
         raise ValueError(f"pattern {pattern.name!r} has {n} sequences, more than {max_tokens} tokens")
@@ -127,11 +169,35 @@ def make_gate(profile: str, T: int, h_v: int, gen: torch.Generator, device) -> t
             heads = torch.randperm(h_v, generator=gen, device=device)[:n_zero]
             g[:, :, heads] = 0.0
         return g
-    A = torch.rand(h_v, generator=gen, device=device, dtype=torch.float32) * 16
+    a_max = _GATE_A_MAX[profile]
+    A = torch.rand(h_v, generator=gen, device=device, dtype=torch.float32) * a_max
     A[0] = 0.0
     if h_v > 1:
-        A[-1] = 16.0
+        A[-1] = a_max
     return -A * F.softplus(0.5 * x + 1.0)
+
+
+def check_beta_profile(profile: str) -> str:
+    if profile not in BETA_PROFILES:
+        raise ValueError(f"unknown beta profile {profile!r}; known: {', '.join(BETA_PROFILES)}")
+    return profile
+
+
+def check_h0_scale(scale) -> float:
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (0 < scale < float("inf")):
+        raise ValueError(f"h0_scale must be a positive finite number, got {scale!r}")
+    return float(scale)
+
+
+def inputs_label(gate_profile: str, beta_profile: str | None = None, h0_scale: float | None = None) -> str:
+    """A case's input recipe in words: the gate profile, then whatever differs from the default
+    (``qwen``, ``extreme beta=near1``, ``bench h0x100``)."""
+    parts = [str(gate_profile)]
+    if beta_profile not in (None, DEFAULT_BETA_PROFILE):
+        parts.append(f"beta={beta_profile}")
+    if h0_scale is not None and float(h0_scale) != DEFAULT_H0_SCALE:
+        parts.append(f"h0x{float(h0_scale):g}")
+    return " ".join(parts)
 
 
 # --- inputs ----------------------------------------------------------------------------------------
@@ -194,8 +260,15 @@ def make_workload(
     head_dim: int = HEAD_DIM,
     with_h0: bool = True,
     dtype: torch.dtype = torch.bfloat16,
+    beta_profile: str = DEFAULT_BETA_PROFILE,
+    h0_scale: float = DEFAULT_H0_SCALE,
+    pad: int = 0,
 ) -> Workload:
-    """Seeded inputs for one case (FlashQLA's benchmark recipe; the class docstring lists shapes)."""
+    """Seeded inputs for one case (FlashQLA's benchmark recipe; the class docstring lists shapes).
+
+    ``beta_profile`` / ``h0_scale``: the module docstring's variants. ``pad``: tokens of a padding tail
+    after the last sequence (random inputs there too; T = sum(seqlens) + pad).
+    """
     for name, x in (("h_qk", h_qk), ("h_v", h_v), ("head_dim", head_dim)):
         if not isinstance(x, int) or x < 1:
             raise ValueError(f"{name} must be a positive int, got {x!r}")
@@ -204,8 +277,12 @@ def make_workload(
     seqlens = tuple(int(s) for s in seqlens)
     if not seqlens or min(seqlens) < 1:
         raise ValueError(f"seqlens must be non-empty positive ints, got {seqlens}")
+    check_beta_profile(beta_profile)
+    h0_scale = check_h0_scale(h0_scale)
+    if isinstance(pad, bool) or not isinstance(pad, int) or pad < 0:
+        raise ValueError(f"pad must be an int >= 0, got {pad!r}")
     device = torch.device(device)
-    T, N, D = sum(seqlens), len(seqlens), head_dim
+    T, N, D = sum(seqlens) + pad, len(seqlens), head_dim
     gen = torch.Generator(device=device).manual_seed(seed)
 
     def randn(*shape):
@@ -218,8 +295,8 @@ def make_workload(
     k = unit(randn(1, T, h_qk, D)).to(dtype)
     v = randn(1, T, h_v, D).to(dtype)
     g = make_gate(gate_profile, T, h_v, gen, device)
-    beta = torch.sigmoid(randn(1, T, h_v))
-    h0 = randn(N, h_v, D, D) if with_h0 else None
+    beta = torch.sigmoid(randn(1, T, h_v) + _BETA_SHIFT[beta_profile])
+    h0 = randn(N, h_v, D, D) * h0_scale if with_h0 else None
     do = randn(1, T, h_v, D).to(dtype)
     dht = randn(N, h_v, D, D) / 8
     cu = torch.tensor([0, *torch.tensor(seqlens).cumsum(0).tolist()], dtype=torch.int32, device=device)

@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from qlabench.workload import (
+    BETA_PROFILES,
     GATE_PROFILES,
+    inputs_label,
     make_gate,
     make_workload,
     parse_pattern,
@@ -54,6 +56,28 @@ def test_bad_patterns_name_the_text(bad):
     assert "pattern" in str(e.value) and repr(bad) in str(e.value)
 
 
+@pytest.mark.parametrize("text,seqlens,pad", [
+    ("512*1", (1,) * 512, 0),
+    ("2*63+3*65", (63, 63, 65, 65, 65), 0),
+    ("100+2*7", (100, 7, 7), 0),
+    ("2*63+1*65+pad1000", (63, 63, 65), 1000),
+    ("1x4096+pad64", (4096,), 64),
+    ("28672+4096+pad1", (28672, 4096), 1),
+])
+def test_counted_and_padded_patterns(text, seqlens, pad):
+    p = parse_pattern(text)
+    assert (p.name, p.seqlens, p.pad) == (text, seqlens, pad)
+    assert p.total_tokens == sum(seqlens) and p.packed_tokens == sum(seqlens) + pad
+
+
+@pytest.mark.parametrize("bad", ["0*4", "4*0", "*4", "4*", "2**3", "3*4x2", "pad10", "4096+pad0",
+                                 "4096+pad", "4096+pad5+pad5", "1*2+pad-1"])
+def test_bad_counted_and_padded_patterns(bad):
+    with pytest.raises(ValueError) as e:
+        parse_pattern(bad)
+    assert "pattern" in str(e.value) and repr(bad) in str(e.value)
+
+
 def test_pattern_type_error():
     with pytest.raises(TypeError):
         parse_pattern(4096)
@@ -68,6 +92,9 @@ def test_scale_pattern():
     assert scale_pattern(small, 512) is small
     with pytest.raises(ValueError):
         scale_pattern(parse_pattern("1x4096"), 0)
+    padded = scale_pattern(parse_pattern("4*1000+pad1000"), 400)  # the tail shrinks by the same factor
+    assert padded.total_tokens <= 400 and padded.n_seqs == 4 and padded.pad == 100
+    assert scale_pattern(parse_pattern("8*1+pad3"), 512).pad == 3  # small enough: unchanged
 
 
 def _gate(profile, T=4096, h_v=16, seed=0):
@@ -95,12 +122,20 @@ def test_gate_qwen_strong_decay():
     assert float(g.min()) < -20
 
 
+def test_gate_extreme_reaches_minus_40_and_shares_qwens_draws():
+    g, q = _gate("extreme"), _gate("qwen")
+    assert (g <= 0).all() and float(g[..., 0].abs().max()) == 0.0
+    assert -45 < float(g[..., -1].mean()) < -35  # A = 30 times softplus(~1): about -40 per token
+    # the same random draws as qwen, only the largest rate differs: 30 / 16 on the last head
+    assert torch.allclose(g[..., -1], q[..., -1] * 30 / 16)
+
+
 def test_gate_logsigmoid_and_unknown():
     g = _gate("logsigmoid")
     assert (g < 0).all() and -0.9 < float(g.mean()) < -0.7
     with pytest.raises(ValueError, match="nope"):
         _gate("nope")
-    assert set(GATE_PROFILES) == {"bench", "qwen", "logsigmoid"}
+    assert set(GATE_PROFILES) == {"bench", "qwen", "extreme", "logsigmoid"}
 
 
 def test_make_workload_shapes_dtypes_and_seed():
@@ -126,6 +161,39 @@ def test_make_workload_bad_input():
         make_workload(3, 8, (16,))
     with pytest.raises(ValueError, match="seqlens"):
         make_workload(1, 2, (16, 0))
+    with pytest.raises(ValueError, match="'near2'"):
+        make_workload(1, 2, (16,), beta_profile="near2")
+    for bad in (0, -1.0, float("inf"), "10", True):
+        with pytest.raises(ValueError, match="h0_scale"):
+            make_workload(1, 2, (16,), h0_scale=bad)
+    with pytest.raises(ValueError, match="pad"):
+        make_workload(1, 2, (16,), pad=-1)
+
+
+def test_beta_profiles_and_h0_scale_transform_the_same_draws():
+    base = make_workload(1, 4, (40, 24), "qwen", seed=2, head_dim=8)
+    assert set(BETA_PROFILES) == {"sigmoid", "near0", "near1"}
+    near0 = make_workload(1, 4, (40, 24), "qwen", seed=2, head_dim=8, beta_profile="near0")
+    near1 = make_workload(1, 4, (40, 24), "qwen", seed=2, head_dim=8, beta_profile="near1")
+    assert torch.equal(near0.q, base.q) and torch.equal(near0.g, base.g) and torch.equal(near0.h0, base.h0)
+    assert float(near0.beta.max()) < 0.02 and float(near0.beta.min()) > 0
+    assert float(near1.beta.min()) > 0.98 and float(near1.beta.max()) < 1
+    logit = torch.logit(base.beta.double())  # the same randn under each shift
+    assert torch.allclose(torch.logit(near0.beta.double()), logit - 8, atol=1e-3)
+    big = make_workload(1, 4, (40, 24), "qwen", seed=2, head_dim=8, h0_scale=100)
+    assert torch.equal(big.h0, base.h0 * 100) and torch.equal(big.beta, base.beta)
+
+
+def test_padding_tail_workload():
+    w = make_workload(1, 2, (5, 3), seed=0, head_dim=8, pad=7)
+    assert w.q.shape[1] == 15 and w.g.shape[1] == 15 and w.do.shape[1] == 15
+    assert w.cu_seqlens.tolist() == [0, 5, 8] and w.h0.shape[0] == 2 and w.seqlens == (5, 3)
+
+
+def test_inputs_label():
+    assert inputs_label("bench") == "bench" == inputs_label("bench", "sigmoid", 1.0)
+    assert inputs_label("qwen", "near1", 100) == "qwen beta=near1 h0x100"
+    assert inputs_label("extreme", None, 0.5) == "extreme h0x0.5"
 
 
 def test_differentiable_copy():
