@@ -4,7 +4,8 @@ Config files live in the repository's ``configs/`` (override the folder with the
 variable ``QLABENCH_CONFIG_DIR``):
     heads.toml      ``[presets.hkN_hvM]`` with h_qk, h_v and a model label
     seqlens.toml    ``cut_seed``, ``[defaults]`` (phase -> set), ``[sets.<name>] patterns = [...]``
-    sweeps/*.toml   a named sweep: phases, presets, seqlens, backends, gate_profile, ...
+    sweeps/*.toml   a named sweep: phases, presets, seqlens, backends, gate_profile, ...; optionally
+                    ``[[groups]]``, each its own cross product (the sweep is their union)
 
 Every malformed file, key or value raises ``ConfigError`` (a ValueError) naming the file and key.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 import os
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 if sys.version_info >= (3, 11):
@@ -24,12 +25,24 @@ else:  # pragma: no cover - Python 3.10
 
 import qlabench
 
-from .workload import DEFAULT_CUT_SEED, GATE_PROFILES, Pattern, parse_pattern
+from .workload import (
+    DEFAULT_BETA_PROFILE,
+    DEFAULT_CUT_SEED,
+    DEFAULT_H0_SCALE,
+    GATE_PROFILES,
+    Pattern,
+    check_beta_profile,
+    check_h0_scale,
+    inputs_label,
+    parse_pattern,
+)
 
 PHASES = ("fwd", "bwd", "fwdbwd")
 _PRESET_NAME = re.compile(r"^hk(\d+)_hv(\d+)$")
 _SWEEP_KEYS = {"description", "arch", "phases", "presets", "seqlens", "backends", "gate_profile",
-               "dtype", "warmup", "repeats"}
+               "dtype", "warmup", "repeats", "beta_profile", "h0_scale", "groups"}
+# The keys a [[groups]] table may set; the same keys at the top level are every group's defaults.
+_GROUP_KEYS = {"presets", "phases", "seqlens", "gate_profile", "beta_profile", "h0_scale"}
 
 
 class ConfigError(ValueError):
@@ -212,17 +225,25 @@ def load_seqlens(directory: Path | None = None) -> SeqlenSets:
 
 @dataclass(frozen=True)
 class Case:
-    """One measured point: a head preset, a seqlen pattern, a phase and a gate profile."""
+    """One measured point: a head preset, a seqlen pattern, a phase and the input recipe (gate
+    profile, beta profile, h0 scale; qlabench/workload.py)."""
 
     phase: str
     preset: Preset
     pattern: Pattern
     gate_profile: str = "bench"
     dtype: str = "bfloat16"
+    beta_profile: str = DEFAULT_BETA_PROFILE
+    h0_scale: float = DEFAULT_H0_SCALE
+
+    @property
+    def inputs(self) -> str:
+        """The input recipe in words: ``qwen``, ``extreme beta=near1``, ``bench h0x100``."""
+        return inputs_label(self.gate_profile, self.beta_profile, self.h0_scale)
 
     @property
     def label(self) -> str:
-        return f"{self.phase}-{self.preset.name}-{self.pattern.name}-{self.gate_profile}"
+        return f"{self.phase}-{self.preset.name}-{self.pattern.name}-{self.inputs.replace(' ', '-')}"
 
 
 @dataclass
@@ -261,7 +282,8 @@ def check_gate_profile(profile: str, where: str = "--gate-profile") -> str:
 
 
 def build_cases(presets: list[Preset], phases: list[str], seqlens: SeqlenSets, seqlen_spec=None,
-                gate_profile: str = "bench", where: str = "--seqlens") -> list[Case]:
+                gate_profile: str = "bench", where: str = "--seqlens",
+                beta_profile: str = DEFAULT_BETA_PROFILE, h0_scale: float = DEFAULT_H0_SCALE) -> list[Case]:
     """Cases grouped per head preset (all its phases and patterns together: compile caches stay warm).
 
     ``seqlen_spec``: None (each phase's default set), a list/comma string of sets or patterns for all
@@ -274,7 +296,92 @@ def build_cases(presets: list[Preset], phases: list[str], seqlens: SeqlenSets, s
             spec = seqlen_spec.get(phase) if isinstance(seqlen_spec, dict) else seqlen_spec
             patterns = (seqlens.default_for(phase) if spec is None
                         else seqlens.patterns(spec, where=where))
-            cases.extend(Case(phase, preset, p, gate_profile) for p in patterns)
+            cases.extend(Case(phase, preset, p, gate_profile, beta_profile=beta_profile, h0_scale=h0_scale)
+                         for p in patterns)
+    return cases
+
+
+def group_by_preset(cases: list[Case], phases: list[str] | None = None) -> list[Case]:
+    """Duplicates dropped, then a stable sort by preset (first appearance), and by ``phases`` order
+    inside a preset when given."""
+    cases = list(dict.fromkeys(cases))
+    order = {p: i for i, p in enumerate(dict.fromkeys(c.preset for c in cases))}
+    rank = {p: i for i, p in enumerate(phases or ())}
+    return sorted(cases, key=lambda c: (order[c.preset], rank.get(c.phase, 0)))
+
+
+def reselect(cases: list[Case], seqlens: SeqlenSets, presets: list[Preset] | None = None,
+             phases: list[str] | None = None, seqlen_spec=None, gate_profile: str | None = None) -> list[Case]:
+    """A sweep's cases with what the command line replaces; None keeps the sweep's choice.
+
+    ``phases``: the sweep's cases of those phases; a phase the sweep lacks gets each preset's default
+    set under every input recipe of the sweep. ``seqlen_spec`` replaces the patterns of every (phase,
+    preset, inputs) the sweep has; ``presets`` the presets of every (phase, pattern, inputs); and
+    ``gate_profile`` every case's gate. On a plain sweep (no [[groups]]) this is the cross product the
+    options name; on a grouped one it keeps the groups' pairings.
+    """
+    if gate_profile is not None:
+        check_gate_profile(gate_profile)
+    recipes = list(dict.fromkeys((c.gate_profile, c.beta_profile, c.h0_scale) for c in cases))
+    if phases is not None:
+        have = {c.phase for c in cases}
+        kept = [c for c in cases if c.phase in phases]
+        for phase in (p for p in phases if p not in have):
+            kept += [Case(phase, preset, pattern, g, beta_profile=b, h0_scale=h)
+                     for preset in dict.fromkeys(c.preset for c in cases)
+                     for pattern in seqlens.default_for(phase) for g, b, h in recipes]
+        cases = kept
+    if seqlen_spec is not None:
+        patterns = seqlens.patterns(seqlen_spec)
+        cases = [replace(c, pattern=p) for c in dict.fromkeys(replace(c, pattern=None) for c in cases)
+                 for p in patterns]
+    if presets is not None:
+        rest = list(dict.fromkeys(replace(c, preset=None) for c in cases))
+        cases = [replace(c, preset=p) for p in presets for c in rest]
+    if gate_profile is not None:
+        cases = [replace(c, gate_profile=gate_profile) for c in cases]
+    return group_by_preset(cases, phases)
+
+
+def _group_cases(path: Path, entry: dict, where: str, presets, seqlens: SeqlenSets) -> list[Case]:
+    """The cross product of one group (or of a sweep without groups): presets x phases x patterns x
+    gate profiles x beta profiles x h0 scales. ``where`` prefixes key names in messages."""
+    if "presets" not in entry:
+        raise ConfigError(f"{path}: missing key '{where}presets'")
+    try:
+        chosen = [resolve_preset(n, presets) for n in _str_list(path, f"{where}presets", entry["presets"])]
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {where}presets: {e}") from None
+    try:
+        phases = parse_phases(entry.get("phases", ["fwd"]))
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {where}phases: {e}") from None
+    gates = _str_list(path, f"{where}gate_profile", entry.get("gate_profile", "bench"))
+    for gate in gates:
+        check_gate_profile(gate, where=f"{path}: {where}gate_profile")
+    betas = _str_list(path, f"{where}beta_profile", entry.get("beta_profile", DEFAULT_BETA_PROFILE))
+    try:
+        betas = [check_beta_profile(b) for b in betas]
+    except ValueError as e:
+        raise ConfigError(f"{path}: {where}beta_profile: {e}") from None
+    scales = entry.get("h0_scale", DEFAULT_H0_SCALE)
+    try:
+        scales = [check_h0_scale(x) for x in (scales if isinstance(scales, list) and scales else [scales])]
+    except ValueError as e:
+        raise ConfigError(f"{path}: {where}h0_scale: {e}") from None
+    spec = entry.get("seqlens")
+    if isinstance(spec, dict):
+        bad = set(spec) - set(PHASES)
+        if bad:
+            raise ConfigError(f"{path}: {where}seqlens has unknown phases {sorted(bad)}")
+    elif spec is not None:
+        spec = _str_list(path, f"{where}seqlens", spec)
+    cases = []
+    for gate in gates:
+        for beta in betas:
+            for scale in scales:
+                cases += build_cases(chosen, phases, seqlens, spec, gate, where=f"{path}: {where}seqlens",
+                                     beta_profile=beta, h0_scale=scale)
     return cases
 
 
@@ -298,26 +405,21 @@ def load_sweep(name_or_path: str, directory: Path | None = None, presets=None, s
         raise ConfigError(f"{path}: unknown keys {sorted(unknown)}; known: {sorted(_SWEEP_KEYS)}")
     presets = presets if presets is not None else load_presets(directory)
     seqlens = seqlens if seqlens is not None else load_seqlens(directory)
-    if "presets" not in data:
-        raise ConfigError(f"{path}: missing key 'presets'")
-    try:
-        chosen = [resolve_preset(n, presets) for n in _str_list(path, "presets", data["presets"])]
-    except ConfigError as e:
-        raise ConfigError(f"{path}: presets: {e}") from None
-    try:
-        phases = parse_phases(data.get("phases", ["fwd"]))
-    except ConfigError as e:
-        raise ConfigError(f"{path}: phases: {e}") from None
-    gate = data.get("gate_profile", "bench")
-    check_gate_profile(gate, where=f"{path}: gate_profile")
-    spec = data.get("seqlens")
-    if isinstance(spec, dict):
-        bad = set(spec) - set(PHASES)
-        if bad:
-            raise ConfigError(f"{path}: seqlens has unknown phases {sorted(bad)}")
-    elif spec is not None:
-        spec = _str_list(path, "seqlens", spec)
-    cases = build_cases(chosen, phases, seqlens, spec, gate, where=f"{path}: seqlens")
+    top = {k: v for k, v in data.items() if k in _GROUP_KEYS}
+    groups = data.get("groups")
+    if groups is None:
+        cases = _group_cases(path, top, "", presets, seqlens)
+    else:
+        if not (isinstance(groups, list) and groups and all(isinstance(g, dict) for g in groups)):
+            raise ConfigError(f"{path}: groups must be one or more [[groups]] tables, got {groups!r}")
+        cases = []
+        for i, group in enumerate(groups):
+            unknown = set(group) - _GROUP_KEYS
+            if unknown:
+                raise ConfigError(f"{path}: groups[{i}] has unknown keys {sorted(unknown)}; "
+                                  f"known: {sorted(_GROUP_KEYS)}")
+            cases += _group_cases(path, {**top, **group}, f"groups[{i}].", presets, seqlens)
+        cases = group_by_preset(cases)
     backends = _str_list(path, "backends", data["backends"]) if "backends" in data else None
     settings = {k: _int(path, k, data[k], minimum=0 if k == "warmup" else 1)
                 for k in ("warmup", "repeats") if k in data}

@@ -233,6 +233,9 @@ def base_row(case: Case, seqlens, cfg: RunConfig) -> dict:
         "h_qk": case.preset.h_qk, "h_v": case.preset.h_v, "pattern": case.pattern.name,
         "seqlens": list(seqlens), "total_tokens": int(sum(seqlens)), "n_seqs": len(seqlens),
         "gate_profile": case.gate_profile, "dtype": case.dtype, "head_dim": cfg.head_dim,
+        # the input recipe beyond the gate, and the padding tail actually run (qlabench/workload.py)
+        "beta_profile": case.beta_profile, "h0_scale": case.h0_scale,
+        "pad_tokens": case_pattern(case, cfg).pad,
     }
 
 
@@ -326,7 +329,8 @@ class Runner:
         try:
             w = make_workload(case.preset.h_qk, case.preset.h_v, pattern.seqlens, case.gate_profile,
                               seed=case_seed(cfg.seed, case.preset.name, case.pattern.name, case.gate_profile),
-                              device=cfg.device, head_dim=cfg.head_dim, with_h0=cfg.with_h0)
+                              device=cfg.device, head_dim=cfg.head_dim, with_h0=cfg.with_h0,
+                              beta_profile=case.beta_profile, h0_scale=case.h0_scale, pad=pattern.pad)
             ref = reference_outputs(case.phase, w)
         except Exception as e:  # noqa: BLE001 - the case fails, the sweep goes on
             for b in runnable:
@@ -406,7 +410,9 @@ def select_cases(sweep: str | None = None, cfgs=(), seqlens=(), phase: str | Non
     """The cases of ``--sweep`` / ``--cfg`` / ``--seqlens`` / ``--phase`` / ``--gate-profile``.
 
     ``--cfg`` replaces the sweep's presets; ``--seqlens`` its patterns (else the sweep's patterns per
-    phase, else each phase's default set); ``--phase`` its phases (else the sweep's, else fwd).
+    phase, else each phase's default set); ``--phase`` its phases (else the sweep's, else fwd);
+    ``--gate-profile`` its gate profile (config.reselect). ``gate_profile`` of the Selection names the
+    cases' gate profiles, comma-joined when there are several.
     ConfigError / RunSetupError (ValueErrors naming the value) for anything malformed.
     """
     from . import config as C
@@ -420,12 +426,14 @@ def select_cases(sweep: str | None = None, cfgs=(), seqlens=(), phase: str | Non
     chosen = ([C.resolve_preset(n, presets) for n in names] if names
               else list(dict.fromkeys(c.preset for c in sw.cases)))
     phases = C.parse_phases(phase) if phase else (sw.phases if sw else ["fwd"])
-    gate = gate_profile or (sw.cases[0].gate_profile if sw and sw.cases else "bench")
     spec = split_opts(seqlens)
-    if not spec and sw:  # the sweep's patterns, per phase
-        spec = {p: [c.pattern.name for c in sw.cases if c.phase == p] or None for p in phases}
-        spec = {p: v for p, v in spec.items() if v}
-    cases = C.build_cases(chosen, phases, sets, spec or None, gate)
+    if sw:  # the sweep's cases (its [[groups]] pair presets, patterns and inputs), options replacing parts
+        cases = C.reselect(sw.cases, sets, presets=chosen if names else None,
+                           phases=phases if phase else None, seqlen_spec=spec or None,
+                           gate_profile=gate_profile)
+    else:
+        cases = C.build_cases(chosen, phases, sets, spec or None, gate_profile or "bench")
+    gate = ",".join(dict.fromkeys(c.gate_profile for c in cases)) or gate_profile or "bench"
     return Selection(sweep=sw, presets=chosen, phases=phases, gate_profile=gate, cases=cases)
 
 

@@ -110,3 +110,93 @@ def test_missing_config_dir(monkeypatch, tmp_path):
     monkeypatch.setenv("QLABENCH_CONFIG_DIR", str(tmp_path / "absent"))
     with pytest.raises(C.ConfigError, match="QLABENCH_CONFIG_DIR"):
         C.config_dir()
+
+
+def test_stress_sweep_axes():
+    sw = C.load_sweep("stress")
+    cases = sw.cases
+    assert sw.arch == "sm90" and sw.phases == ["fwd", "bwd"] and sw.backends == ["qla", "fla", "flash_qla"]
+    assert len(cases) == 104 and len({c.label for c in cases}) == 104
+    assert {c.gate_profile for c in cases} == {"bench", "qwen", "extreme"}
+    assert {c.beta_profile for c in cases} == {"sigmoid", "near0", "near1"}
+    assert {c.h0_scale for c in cases} == {1.0, 100.0}
+    assert max(c.preset.h_v // c.preset.h_qk for c in cases) == 8
+    long = sorted({c.pattern.total_tokens for c in cases if c.preset.name == "hk2_hv8"})
+    assert long == [8192, 16384, 32768, 65536, 131072, 262144]
+    padded = next(c.pattern for c in cases if c.pattern.pad)
+    assert padded.pad == 1000 and padded.seqlens.count(1) == 256
+    assert padded.seqlens.count(63) == 64 and padded.seqlens.count(65) == 64
+    assert any(c.pattern.seqlens == (1,) * 512 for c in cases)
+    # grouped per preset: each preset's cases are consecutive
+    order = [c.preset.name for c in cases]
+    assert order == sorted(order, key=order.index)
+    assert cases[0].label == "fwd-hk2_hv16-1x8192-qwen"
+    assert any(c.label == "bwd-hk2_hv16-1x8192-qwen-beta=near1" for c in cases)
+    assert any(c.label == "fwd-hk2_hv16-512*1-bench-h0x100" for c in cases)
+
+
+GROUPED = '''
+presets = ["hk2_hv4"]
+phases = ["fwd"]
+[[groups]]
+seqlens = ["1x64"]
+gate_profile = ["qwen", "extreme"]
+[[groups]]
+presets = ["hk1_hv2", "hk2_hv4"]
+seqlens = ["2*3+pad5"]
+beta_profile = "near1"
+h0_scale = [1, 10]
+'''
+
+
+def test_sweep_groups_are_a_union_of_cross_products(config_copy):
+    (config_copy / "sweeps" / "mine.toml").write_text(GROUPED)
+    sw = C.load_sweep("mine")
+    got = [(c.preset.name, c.pattern.name, c.gate_profile, c.beta_profile, c.h0_scale) for c in sw.cases]
+    assert got == [
+        ("hk2_hv4", "1x64", "qwen", "sigmoid", 1.0), ("hk2_hv4", "1x64", "extreme", "sigmoid", 1.0),
+        ("hk2_hv4", "2*3+pad5", "bench", "near1", 1.0), ("hk2_hv4", "2*3+pad5", "bench", "near1", 10.0),
+        ("hk1_hv2", "2*3+pad5", "bench", "near1", 1.0), ("hk1_hv2", "2*3+pad5", "bench", "near1", 10.0),
+    ]
+    assert sw.cases[2].pattern.pad == 5 and sw.cases[3].label == "fwd-hk2_hv4-2*3+pad5-bench-beta=near1-h0x10"
+
+
+@pytest.mark.parametrize("text,match", [
+    (GROUPED.replace('beta_profile = "near1"', 'gate = "qwen"'), r"groups\[1\] has unknown keys \['gate'\]"),
+    (GROUPED.replace('"near1"', '"near2"'), r"groups\[1\]\.beta_profile: unknown beta profile 'near2'"),
+    (GROUPED.replace("[1, 10]", "[1, 0]"), r"groups\[1\]\.h0_scale: h0_scale must be a positive"),
+    (GROUPED.replace("[1, 10]", '"big"'), r"groups\[1\]\.h0_scale: .*'big'"),
+    (GROUPED.replace('"extreme"', '"hard"'), r"groups\[0\]\.gate_profile: unknown gate profile 'hard'"),
+    (GROUPED.replace('presets = ["hk2_hv4"]\n', ""), r"missing key 'groups\[0\]\.presets'"),
+    ('presets = ["hk2_hv4"]\ngroups = 3\n', "groups must be one or more"),
+    ('presets = ["hk2_hv4"]\nbeta_profile = ["near0", "sigmoid"]\nh0_scale = true\n', r"h0_scale: .*True"),
+])
+def test_bad_group_keys_name_the_group(config_copy, text, match):
+    (config_copy / "sweeps" / "mine.toml").write_text(text)
+    with pytest.raises(C.ConfigError, match=match):
+        C.load_sweep("mine")
+
+
+def test_options_replace_parts_of_a_sweep():
+    from qlabench import runner as RN
+
+    # a plain sweep: the cross product the options name, as before [[groups]] existed
+    sel = RN.select_cases("h200-bwd", cfgs="hk2_hv4", phase="fwd,bwd")
+    assert [c.phase for c in sel.cases].count("fwd") == 19 and [c.phase for c in sel.cases].count("bwd") == 8
+    assert {c.preset.name for c in sel.cases} == {"hk2_hv4"} and sel.gate_profile == "bench"
+    sel = RN.select_cases("h200-fwd", seqlens="1x4096", gate_profile="qwen")
+    assert len(sel.cases) == 9 and {c.gate_profile for c in sel.cases} == {"qwen"}
+    # a grouped sweep: no option -> its cases; options keep the groups' pairings
+    stress = C.load_sweep("stress").cases
+    sel = RN.select_cases("stress")
+    assert sel.cases == stress and sel.gate_profile == "qwen,extreme,bench"
+    fwd = RN.select_cases("stress", phase="fwd").cases
+    assert fwd == [c for c in stress if c.phase == "fwd"]
+    one = RN.select_cases("stress", cfgs="hk4_hv8").cases
+    assert {c.preset.name for c in one} == {"hk4_hv8"}
+    assert len(one) == len({(c.phase, c.pattern, c.gate_profile, c.beta_profile, c.h0_scale) for c in stress})
+    short = RN.select_cases("stress", seqlens="1x64").cases
+    assert {c.pattern.name for c in short} == {"1x64"}
+    assert len(short) == len({(c.phase, c.preset, c.gate_profile, c.beta_profile, c.h0_scale) for c in stress})
+    bench = RN.select_cases("stress", gate_profile="bench").cases
+    assert {c.gate_profile for c in bench} == {"bench"} and len(bench) < len(stress)
