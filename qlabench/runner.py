@@ -194,6 +194,7 @@ def run_backend_case(case: Case, w: Workload, ref: dict, backend: Backend, cfg: 
             verdict = compare(call.named(raw), ref, cfg.tolerance)
             del raw
             row["errors"] = verdict.errors
+            row["nonfinite"] = verdict.nonfinite  # tensor -> NaN/Inf elements, where any
             row["peak_mem_mb"] = peak_memory_mb(call, cfg.device)
             timing = measure(call, cfg.device, timer=cfg.timer, warmup=cfg.warmup, repeats=cfg.repeats,
                              l2=cfg.l2)

@@ -108,6 +108,31 @@ def test_incorrect_row_is_still_timed():
     assert row["errors"]["o"] == pytest.approx(0.05, rel=1e-3) and "o: 0.05" in row["message"]
 
 
+class Poisoned(Counting):
+    """The reference with one NaN in o: the row is incorrect and counts the bad element."""
+
+    def forward(self, w):
+        o, ht = super().forward(w)
+        o = o.clone()
+        o[0, 0, 0, 0] = float("nan")
+        return o, ht
+
+
+def test_stress_case_rows_record_inputs_and_nonfinite_counts(tmp_path):
+    case = Case("bwd", PRESET, parse_pattern("2*7+5+pad9"), "extreme", beta_profile="near1", h0_scale=100.0)
+    out = tmp_path / "r.json"
+    _run([get_backend("torch"), Poisoned("poisoned")], [case], out=out)
+    good, bad = R.load(out)["rows"]
+    for row in (good, bad):
+        assert (row["pattern"], row["seqlens"], row["pad_tokens"]) == ("2*7+5+pad9", [7, 7, 5], 9)
+        assert (row["gate_profile"], row["beta_profile"], row["h0_scale"]) == ("extreme", "near1", 100.0)
+    assert good["status"] == "ok" and good["nonfinite"] == {} and set(good["errors"]) == {
+        "o", "final_state", "dq", "dk", "dv", "dg", "dbeta", "dh0"}
+    assert max(good["errors"].values()) < 0.01  # dq, dk, dv come back in bf16
+    assert bad["status"] == "incorrect" and bad["errors"]["o"] is None and bad["nonfinite"] == {"o": 1}
+    assert "o: non-finite (1 NaN/Inf elements)" in bad["message"]
+
+
 def test_resume_skips_done_rows(tmp_path):
     out = tmp_path / "r.json"
     first = Counting("c", fail_on=(16, 8))
