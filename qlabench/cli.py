@@ -39,7 +39,7 @@ def _setup_error(msg: str) -> None:
 @click.option("--backends", default=None,
               help="Comma list from `qlabench list backends` [default: the sweep's; else qla,fla,flash_qla "
               "on CUDA, torch on the CPU].")
-@click.option("--gate-profile", type=click.Choice(["bench", "qwen", "logsigmoid"]), default=None,
+@click.option("--gate-profile", type=click.Choice(["bench", "qwen", "extreme", "logsigmoid"]), default=None,
               help="Gate distribution [default: the sweep's, else bench].")
 @click.option("--device", type=click.Choice(["cuda", "cpu"]), default=None,
               help="Where to run [default: cuda when a GPU is visible; without one, cpu with --quick].")
@@ -160,15 +160,24 @@ def run_cmd(arch, cfgs, sweep, seqlens, phase, backends, gate_profile, device, q
 
 
 @main.command("list")
-@click.argument("what", type=click.Choice(["configs", "seqlens", "sweeps", "backends"]))
+@click.argument("what", type=click.Choice(["configs", "seqlens", "sweeps", "cases", "backends"]))
 @click.option("--device", type=click.Choice(["cuda", "cpu"]), default=None,
               help="Device to check backends on [default: cuda when a GPU is visible, else cpu].")
-def list_cmd(what, device) -> None:
-    """Head presets, seqlen sets, sweeps, or backends with their availability and reason."""
+@click.option("--sweep", default=None, help="For `list cases`: the sweep whose cases to list (name or .toml path).")
+def list_cmd(what, device, sweep) -> None:
+    """Head presets, seqlen sets, sweeps, a sweep's cases (--sweep), or backends with their availability."""
     from qlabench import config as C
 
     try:
-        if what == "configs":
+        if what == "cases":
+            if not sweep:
+                raise C.ConfigError("list cases needs --sweep NAME (see `qlabench list sweeps`)")
+            sw = C.load_sweep(sweep)
+            click.echo(f"{sw.name}: {len(sw.cases)} cases, phases {','.join(sw.phases)}, backends "
+                       f"{','.join(sw.backends or [])}" + (f", arch {sw.arch}" if sw.arch else ""))
+            for line in C.describe_cases(sw.cases):
+                click.echo(line)
+        elif what == "configs":
             click.echo(f"{'preset':12} {'h_qk':>4} {'h_v':>4}  model")
             for p in C.load_presets().values():
                 click.echo(f"{p.name:12} {p.h_qk:4d} {p.h_v:4d}  {p.model}")
@@ -236,7 +245,7 @@ def env_cmd(as_json) -> None:
               help="Pattern sets and/or patterns, as for `qlabench run` [default: the sweep's, else the phase's set].")
 @click.option("--phase", default=None,
               help="fwd, bwd, fwdbwd or all (comma list allowed) [default: the sweep's phases, else fwd].")
-@click.option("--gate-profile", type=click.Choice(["bench", "qwen", "logsigmoid"]), default=None,
+@click.option("--gate-profile", type=click.Choice(["bench", "qwen", "extreme", "logsigmoid"]), default=None,
               help="Gate distribution of the inputs [default: the sweep's, else bench].")
 @click.option("--backends", default=None,
               help="Comma list from `qlabench list backends` [default: fla,flash_qla on CUDA, torch on the CPU; "

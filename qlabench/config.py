@@ -301,6 +301,16 @@ def build_cases(presets: list[Preset], phases: list[str], seqlens: SeqlenSets, s
     return cases
 
 
+def describe_cases(cases: list[Case]) -> list[str]:
+    """One line per case (phase, preset, pattern, sequences, tokens, padding tail, inputs) under a header."""
+    lines = [f"{'phase':6} {'preset':10} {'pattern':28} {'seqs':>5} {'tokens':>7} {'pad':>5}  inputs"]
+    for c in cases:
+        p = c.pattern
+        lines.append(f"{c.phase:6} {c.preset.name:10} {p.name:28} {p.n_seqs:5d} {p.total_tokens:7d} "
+                     f"{p.pad:5d}  {c.inputs}")
+    return lines
+
+
 def group_by_preset(cases: list[Case], phases: list[str] | None = None) -> list[Case]:
     """Duplicates dropped, then a stable sort by preset (first appearance), and by ``phases`` order
     inside a preset when given."""
