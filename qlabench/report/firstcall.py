@@ -28,6 +28,8 @@ from typing import Any
 
 import pandas as pd
 
+from qlabench.report.layout import md_row, phase_heading
+
 TITLE = "First call per head configuration (s)"
 MISSING = "-"
 NO_VALUE_STATUS = ("error", "unavailable")  # a first call of these rows is not shown
@@ -259,12 +261,6 @@ def backend_lines(table: FirstCallTable) -> list[str]:
     return out
 
 
-def phase_heading(phase: str) -> str:
-    from qlabench.report.tables import phase_heading as heading  # tables imports this module
-
-    return heading(phase)
-
-
 def text_lines(tables: list[FirstCallTable]) -> list[str]:
     if not tables:
         return []
@@ -289,14 +285,12 @@ def text_lines(tables: list[FirstCallTable]) -> list[str]:
 def md_lines(tables: list[FirstCallTable]) -> list[str]:
     if not tables:
         return []
-    from qlabench.report.tables import md_row as row  # tables imports this module
-
     out = [f"## {TITLE}", "", DESCRIPTION, ""]
     for t in tables:
         cols = columns(t)
-        out += [f"### {phase_heading(t.phase)}", "", row(cols)]
+        out += [f"### {phase_heading(t.phase)}", "", md_row(cols)]
         out.append("|" + "|".join("---" if i == 0 else "---:" for i in range(len(cols))) + "|")
-        out += [row([c.replace(MARK, "\\" + MARK) for c in cells(t, r)]) for r in t.rows]
+        out += [md_row([c.replace(MARK, "\\" + MARK) for c in cells(t, r)]) for r in t.rows]
         out.append("")
         out += ["- " + ln.replace(MARK, "\\" + MARK) for ln in backend_lines(t)]
         out.append("")

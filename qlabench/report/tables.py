@@ -34,16 +34,9 @@ import pandas as pd
 from qlabench import roofline
 from qlabench.report import firstcall
 from qlabench.report.frame import Collected, backends_in_order, collect, dedupe_latest, default_subject
+from qlabench.report.layout import MISSING, PHASE_ORDER, PHASE_TITLE, md_row, phase_heading
 
 FORMATS = ("text", "md", "csv", "html")
-PHASE_ORDER = ("fwd", "bwd", "fwdbwd")
-PHASE_TITLE = {"fwd": "FORWARD", "bwd": "BACKWARD", "fwdbwd": "FORWARD+BACKWARD"}
-
-
-def phase_heading(phase: str) -> str:
-    """A phase's markdown / html heading: 'Forward (fwd)', 'Backward (bwd)', 'Forward+backward (fwdbwd)'."""
-    return f"{PHASE_TITLE[phase].capitalize()} ({phase})"
-MISSING = "-"
 _N_LABEL_COLS = 2  # label columns are left-aligned, numbers right-aligned, like FlashQLA's file
 
 
@@ -346,10 +339,6 @@ def render_text(report: Report) -> str:
 
 
 # ---- markdown --------------------------------------------------------------------------------------
-
-
-def md_row(cells: list[str]) -> str:
-    return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
 
 
 def render_markdown(report: Report, plots: dict[str, list[str]] | None = None) -> str:
