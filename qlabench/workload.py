@@ -37,11 +37,17 @@ from dataclasses import dataclass, field, replace
 import torch
 import torch.nn.functional as F
 
+from .recipe import (  # noqa: F401 - the recipe's names, re-exported beside the profiles they name
+    BETA_PROFILES,
+    DEFAULT_BETA_PROFILE,
+    DEFAULT_H0_SCALE,
+    GATE_PROFILES,
+    check_beta_profile,
+    check_h0_scale,
+    inputs_label,
+)
+
 HEAD_DIM = 128
-GATE_PROFILES = ("bench", "qwen", "extreme", "logsigmoid")
-BETA_PROFILES = ("sigmoid", "near0", "near1")
-DEFAULT_BETA_PROFILE = "sigmoid"
-DEFAULT_H0_SCALE = 1.0
 _BETA_SHIFT = {"sigmoid": 0.0, "near0": -8.0, "near1": 8.0}  # beta = sigmoid(randn + shift)
 _GATE_A_MAX = {"qwen": 16.0, "extreme": 30.0}  # the largest per-head decay rate A_h
 DEFAULT_CUT_SEED = 42
@@ -177,27 +183,6 @@ def make_gate(profile: str, T: int, h_v: int, gen: torch.Generator, device) -> t
     return -A * F.softplus(0.5 * x + 1.0)
 
 
-def check_beta_profile(profile: str) -> str:
-    if profile not in BETA_PROFILES:
-        raise ValueError(f"unknown beta profile {profile!r}; known: {', '.join(BETA_PROFILES)}")
-    return profile
-
-
-def check_h0_scale(scale) -> float:
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (0 < scale < float("inf")):
-        raise ValueError(f"h0_scale must be a positive finite number, got {scale!r}")
-    return float(scale)
-
-
-def inputs_label(gate_profile: str, beta_profile: str | None = None, h0_scale: float | None = None) -> str:
-    """A case's input recipe in words: the gate profile, then whatever differs from the default
-    (``qwen``, ``extreme beta=near1``, ``bench h0x100``)."""
-    parts = [str(gate_profile)]
-    if beta_profile not in (None, DEFAULT_BETA_PROFILE):
-        parts.append(f"beta={beta_profile}")
-    if h0_scale is not None and float(h0_scale) != DEFAULT_H0_SCALE:
-        parts.append(f"h0x{float(h0_scale):g}")
-    return " ".join(parts)
 
 
 # --- inputs ----------------------------------------------------------------------------------------
