@@ -63,8 +63,9 @@ def _setup_error(msg: str) -> None:
 @click.option("--l2", type=click.Choice(["auto", "warm", "flush"]), default="auto", show_default=True,
               help="L2 between calls: auto = warm for cudagraph, flushed (256 MB write) for events; flush "
               "with cudagraph subtracts a flush-only graph.")
-@click.option("--tolerance", type=click.FloatRange(min=0, min_open=True), default=0.02, show_default=True,
-              help="Largest relative L2 error vs the float64 reference before a row is 'incorrect'.")
+@click.option("--tolerance", type=float, default=0.02, show_default=True,
+              help="Largest relative L2 error vs the float64 reference before a row is 'incorrect'; a finite "
+              "number in (0, 1).")
 @click.option("--verify-kernels", type=click.Choice(["first", "each", "off"]), default="first", show_default=True,
               help="Profile one call to check a backend's kernel path (fla: no FlashQLA/TileLang kernel): on "
               "the first case of each phase and preset, on every case, or never.")
@@ -75,9 +76,19 @@ def _setup_error(msg: str) -> None:
               "a count N (GPUs 0..N-1) or indices 0,2,5 (one index: 3,) [default: one GPU, in this process].")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="With --device cpu: the same sharding over N CPU worker processes [default: in this process].")
+@click.option("--case-timeout", type=float, default=None,
+              help="Seconds a case may run (reference, first calls and compilation included); past it its "
+              "worker process is killed, the case's rows become 'timeout' and the sweep goes on in a fresh "
+              "worker. Runs the cases in worker processes (one, unless --gpus/--workers) [default: none].")
 def run_cmd(arch, cfgs, sweep, seqlens, phase, backends, gate_profile, device, quick, out, resume, seed,
-            warmup, repeats, timer, l2, tolerance, verify_kernels, no_h0, no_progress, gpus, workers) -> None:
-    """Sweep head presets x seqlen patterns over backends: correctness and timing, saved row by row."""
+            warmup, repeats, timer, l2, tolerance, verify_kernels, no_h0, no_progress, gpus, workers,
+            case_timeout) -> None:
+    """Sweep head presets x seqlen patterns over backends: correctness and timing, saved row by row.
+
+    --out is locked (<out>.lock) for the whole run and written once before the first case; --resume
+    refuses a file measured under other settings (seed, h0, tolerance, warmup, repeats, timer, L2,
+    quick, device). Bad options exit 2 with one line.
+    """
     import sys
     from pathlib import Path
 
@@ -86,11 +97,17 @@ def run_cmd(arch, cfgs, sweep, seqlens, phase, backends, gate_profile, device, q
     from qlabench import shard as SH
     from qlabench.backends import get_backend, parse_backends
 
+    lock = None
     try:
         if arch:  # before the device default: --arch on a machine without a GPU is its own error
             RN.check_arch(arch, device or "cuda")
+        RN.check_tolerance(tolerance)
         device, note = RN.resolve_device(device, quick)
         slots = SH.resolve_slots(gpus, workers, device)  # None: one device, in this process
+        if case_timeout is not None:  # the timeout kills a worker process: run in one if none is asked for
+            case_timeout = SH.check_case_timeout(case_timeout)
+            slots = slots or SH.resolve_slots("1" if device == "cuda" else None,
+                                              None if device == "cuda" else 1, device)
         sel = RN.select_cases(sweep, cfgs, seqlens, phase, gate_profile)  # shared with `qlabench warm`
         sw, chosen, phases, gate, cases = sel.sweep, sel.presets, sel.phases, sel.gate_profile, sel.cases
         names = parse_backends(backends or (sw.backends if sw and sw.backends else RN.DEFAULT_BACKENDS[device]))
@@ -121,11 +138,28 @@ def run_cmd(arch, cfgs, sweep, seqlens, phase, backends, gate_profile, device, q
             "device": device, "presets": [p.name for p in chosen], "n_cases": len(cases),
             "with_h0": not no_h0, "verify_kernels": verify_kernels, "cpu_max_tokens": cfg.cpu_max_tokens if device == "cpu" and quick else None,
             "gpus": [s.gpu_index for s in slots] if slots and device == "cuda" else None,
-            "workers": len(slots) if slots else None,
+            "workers": len(slots) if slots else None, "case_timeout_s": case_timeout,
         }
+        lock = RN.prepare_out(out_path)  # before anything is measured: writable, and ours alone
         res = RN.open_results(out_path, env, run, resume)
-    except (ValueError, TypeError) as exc:  # ConfigError, RunSetupError, bad backend names
+    except (ValueError, TypeError) as exc:  # ConfigError, RunSetupError, ResultsError, bad backend names
+        if lock is not None:
+            lock.release()
         _setup_error(str(exc))
+    try:
+        _run_locked(res, out_path, cfg, bes, names, cases, slots, env, sw, arch, device, quick, note,
+                    no_progress, resume, case_timeout)
+    finally:
+        lock.release()
+
+
+def _run_locked(res, out_path, cfg, bes, names, cases, slots, env, sw, arch, device, quick, note, no_progress,
+                resume, case_timeout) -> None:
+    """The measuring part of `qlabench run`, while this process holds the lock on ``out_path``."""
+    from qlabench import results as R
+    from qlabench import runner as RN
+    from qlabench import shard as SH
+
     if note:
         click.echo(note, err=True)
     if device == "cpu":
@@ -146,7 +180,7 @@ def run_cmd(arch, cfgs, sweep, seqlens, phase, backends, gate_profile, device, q
     try:
         if slots:  # qlabench/shard.py: worker processes, rows merged into out_path as they arrive
             SH.run_sharded(cfg, bes, res, out_path, cases, slots, progress=not no_progress, echo=echo,
-                           recover=resume)
+                           recover=resume, case_timeout=case_timeout)
         else:
             runner.run(cases)
     except KeyboardInterrupt:
@@ -155,7 +189,7 @@ def run_cmd(arch, cfgs, sweep, seqlens, phase, backends, gate_profile, device, q
     if device == "cpu":
         click.echo(f"=== {RN.CPU_NOTICE} ===")
     click.echo(RN.format_tables(res))
-    counts = {s: sum(r["status"] == s for r in res["rows"]) for s in ("ok", "incorrect", "error", "unavailable")}
+    counts = {s: sum(r["status"] == s for r in res["rows"]) for s in R.STATUSES}
     click.echo(f"wrote {out_path}: " + ", ".join(f"{v} {k}" for k, v in counts.items() if v))
 
 
@@ -351,29 +385,48 @@ def warm_cmd(cfgs, sweep, seqlens, phase, gate_profile, backends, pattern, jobs,
 @click.option("--out", "out_file", type=click.Path(dir_okay=False), default=None,
               help="Write the report to this file instead of stdout.")
 def report_cmd(results, fmt, subject, peers, phases, plots_dir, out_file) -> None:
-    """Speedup tables (FlashQLA's H200 layout) and plots from one or more results files."""
-    import os
+    """Speedup tables (FlashQLA's H200 layout) and plots from one or more results files.
 
-    from qlabench.report import ResultsError, build_report, render
+    Never writes over one of RESULTS (--out, DIR/REPORT.md, a plot); plot file names are built from
+    sanitised phase and backend names and stay inside --plots DIR. Bad input exits 2 with one line.
+    """
+    import os
+    from pathlib import Path
+
+    from qlabench.report import build_report, render
+
+    inputs = {Path(r).resolve() for r in results}
+
+    def check_target(path: str, what: str) -> None:
+        if Path(path).resolve() in inputs:
+            raise ValueError(f"{what} {path} is one of the input results files; refusing to overwrite it")
+        if os.path.isdir(path):
+            raise ValueError(f"{what} {path} is a directory")
 
     try:
-        rep = build_report(list(results), subject=subject, peers=list(peers) or None, phases=list(phases) or None)
-    except (ResultsError, ValueError) as exc:
-        raise click.UsageError(str(exc)) from exc
-    made: dict[str, list[str]] = {}
-    if plots_dir:
-        from qlabench.report.plots import write_plots
-
-        made = write_plots(rep, plots_dir)
-        if fmt == "md" and not out_file:
+        if out_file:
+            check_target(out_file, "--out")
+        if plots_dir and fmt == "md" and not out_file:
             out_file = os.path.join(plots_dir, "REPORT.md")
-    if made and out_file:  # image links relative to the markdown file
-        rel = os.path.relpath(plots_dir, os.path.dirname(os.path.abspath(out_file)) or ".")
-        made = {k: [os.path.normpath(os.path.join(rel, f)) for f in v] for k, v in made.items()}
-    text = render(rep, fmt, plots=made if fmt == "md" else None)
+            check_target(out_file, "--plots")
+        rep = build_report(list(results), subject=subject, peers=list(peers) or None, phases=list(phases) or None)
+        made: dict[str, list[str]] = {}
+        if plots_dir:
+            from qlabench.report.plots import write_plots
+
+            made = write_plots(rep, plots_dir, protect=inputs)
+        if made and out_file:  # image links relative to the markdown file
+            rel = os.path.relpath(plots_dir, os.path.dirname(os.path.abspath(out_file)) or ".")
+            made = {k: [os.path.normpath(os.path.join(rel, f)) for f in v] for k, v in made.items()}
+        text = render(rep, fmt, plots=made if fmt == "md" else None)
+        if out_file:
+            with open(out_file, "w") as fh:
+                fh.write(text)
+    except (ValueError, TypeError) as exc:  # ResultsError is a ValueError
+        _setup_error(f"report: {exc}")
+    except OSError as exc:
+        _setup_error(f"report: cannot write {exc.filename or out_file or plots_dir}: {exc.strerror or exc}")
     if out_file:
-        with open(out_file, "w") as fh:
-            fh.write(text)
         click.echo(f"wrote {out_file}", err=True)
     else:
         click.echo(text, nl=False)
@@ -399,8 +452,8 @@ def compare_cmd(base, current, min_effect, backends, changes_only, allow_differe
     try:
         cmp = compare(base, current, min_effect=parse_percent(min_effect), backends=list(backends) or None,
                       allow_different_gpu=allow_different_gpu)
-    except (CompareError, ValueError) as exc:
-        raise click.UsageError(str(exc)) from exc
+    except (CompareError, ValueError, TypeError) as exc:
+        _setup_error(f"compare: {exc}")
     click.echo(format_comparison(cmp, only_changes=changes_only), nl=False)
 
 
@@ -418,17 +471,23 @@ def compare_cmd(base, current, min_effect, backends, changes_only, allow_differe
               help="Backend(s) whose correctness and times are gated [default: qla if it has ok rows].")
 @click.option("--min-effect", default="2%", show_default=True, help="Noise band for verdicts (see compare).")
 def gate_cmd(current, baseline, max_regression, min_speedups, backends, min_effect) -> None:
-    """CI gate. Exit 0 pass, 1 regression / correctness failure / ratio not met, 2 inputs not comparable."""
+    """CI gate. Exit 0 pass; 1 a regression, a correctness failure, a baseline row missing from CURRENT,
+    a ratio not met; 2 inputs that cannot be compared (invalid or empty results, other GPU model, ...)
+    and any unexpected error (one line, never a pass)."""
     from qlabench.gate import CompareError, gate, parse_min_speedup, parse_percent
 
     try:
         reqs = [parse_min_speedup(t) for t in min_speedups]
         res = gate(current, baseline, max_regression=parse_percent(max_regression), min_speedups=reqs,
                    backends=list(backends) or None, min_effect=parse_percent(min_effect))
-    except (CompareError, ValueError) as exc:
+        text = res.render()
+    except (CompareError, ValueError) as exc:  # ResultsError is a ValueError
         click.echo(f"gate: cannot compare: {exc}", err=True)
-        raise SystemExit(2) from exc
-    click.echo(res.render(), nl=False)
+        raise SystemExit(2) from None
+    except Exception as exc:  # noqa: BLE001 - whatever went wrong, the gate did not pass: exit 2
+        click.echo(f"gate: error: {type(exc).__name__}: {exc}", err=True)
+        raise SystemExit(2) from None
+    click.echo(text, nl=False)
     raise SystemExit(res.code)
 
 
@@ -446,8 +505,9 @@ def history_cmd(results_dir, cfg, phases, subject, gpu, min_effect, plot_file) -
     from qlabench.gate import parse_percent
     from qlabench.history import build_history, format_history, load_runs, plot_history
 
+    skipped: list[tuple[str, str]] = []
     try:
-        runs = load_runs(results_dir)
+        runs = load_runs(results_dir, skipped)
         if gpu:
             runs = [r for r in runs if gpu.lower() in str(r.env.get("gpu_name") or "").lower()]
             if not runs:
@@ -457,8 +517,12 @@ def history_cmd(results_dir, cfg, phases, subject, gpu, min_effect, plot_file) -
             raise ValueError(f"{results_dir!r} mixes GPU models ({', '.join(gpus)}); pick one with --gpu")
         hist = build_history(runs, subject=subject, cfg=list(cfg), phases=list(phases) or None,
                              min_effect=parse_percent(min_effect))
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from exc
+    except (ValueError, TypeError) as exc:
+        for _, why in skipped:
+            click.echo(f"history: skipped {why}", err=True)
+        _setup_error(f"history: {exc}")
+    for _, why in skipped:
+        click.echo(f"history: skipped {why}", err=True)
     click.echo(f"{len(runs)} runs on {gpus[0]}\n")
     click.echo(format_history(hist), nl=False)
     if plot_file and hist:

@@ -1,6 +1,7 @@
 """Run-to-run comparison with noise-aware verdicts, and the CI performance gate.
 
-Compare: rows of BASE and CURRENT are matched by (phase, h_qk, h_v, pattern, gate profile, backend).
+Compare: rows of BASE and CURRENT are matched by their identity (``qlabench.results.row_key``: phase,
+h_qk, h_v, pattern, gate profile, dtype, backend).
 For a pair that is ok on both sides, ratio = current median / base median (above 1 = slower) and
 
     SAME    |ratio - 1| < min_effect                                  (too small to matter)
@@ -13,8 +14,10 @@ changed (ok -> incorrect, say) and rows only one side has are listed apart. Like
 compare, a change must clear both the effect size and the dispersion before it is called.
 
 Gate exit codes: 0 nothing regressed; 1 a confirmed regression beyond --max-regression, a non-ok row
-of a gated backend, or a --min-speedup not met inside CURRENT; 2 the inputs cannot be compared (not a
-results file, a different GPU model, no common rows, a backend not in the file). In-run ratios
+of a gated backend, a baseline row of a gated backend missing from CURRENT, or a --min-speedup not met
+inside CURRENT; 2 the inputs cannot be compared (not a valid results file: qlabench.results.validate
+rejects non-finite, non-positive or non-numeric times, empty files and untyped key fields; a different
+GPU model, no common rows, a backend not in the file). In-run ratios
 against peers are the primary gate because absolute times drift between machines; the absolute
 comparison against a baseline of the same GPU model is the secondary one.
 """
@@ -28,10 +31,11 @@ from typing import Any
 
 import pandas as pd
 
+from qlabench import results as R
 from qlabench.report.frame import Collected, ResultsError, backends_in_order, collect, default_subject
 from qlabench.report.summary import geomean
 
-MATCH_KEY = ("phase", "h_qk", "h_v", "pattern", "gate_profile", "backend")
+MATCH_KEY = R.KEY_FIELDS
 VERDICTS = ("FASTER", "SLOWER", "SAME", "NOISY")
 DEFAULT_MIN_EFFECT = 0.02
 DEFAULT_MAX_REGRESSION = 0.05
@@ -76,19 +80,14 @@ def verdict(base: pd.Series, cur: pd.Series, min_effect: float = DEFAULT_MIN_EFF
 
 @dataclass
 class Pair:
-    key: tuple
-    preset: str
+    key: tuple  # qlabench.results.row_key: the case fields, then the backend
+    label: str  # qlabench.results.row_label
     base_status: str
     cur_status: str
     base_ms: float | None
     cur_ms: float | None
     ratio: float | None
     verdict: str  # a VERDICTS word, or STATUS for a status change, or "-" when neither side is ok
-
-    @property
-    def label(self) -> str:
-        phase, _hq, _hv, pattern, gate, backend = self.key
-        return f"{phase} {self.preset} {pattern} [{gate}] {backend}"
 
 
 @dataclass
@@ -130,17 +129,13 @@ def check_same_gpu(base: Collected, cur: Collected) -> tuple[str | None, str | N
 
 
 def _label_of(row: pd.Series) -> str:
-    return f"{row['phase']} {row['preset']} {row['pattern']} [{row['gate_profile']}] {row['backend']}"
+    return R.row_label(row)
 
 
 def _keyed(df: pd.DataFrame) -> dict[tuple, pd.Series]:
     out: dict[tuple, pd.Series] = {}
     for _, row in df.iterrows():
-        key = tuple(
-            (None if pd.isna(row[c]) else (int(row[c]) if c in ("h_qk", "h_v") else str(row[c])))
-            for c in MATCH_KEY
-        )
-        out[key] = row  # later rows win, as in reports
+        out[R.row_key(row)] = row  # later rows win, as in reports
     return out
 
 
@@ -177,7 +172,7 @@ def compare(
             ratio, v = verdict(brow, crow, min_effect)
         else:
             ratio, v = None, ("STATUS" if bs != cs else "-")
-        out.pairs.append(Pair(key, str(crow["preset"]), bs, cs, bms, cms, ratio, v))
+        out.pairs.append(Pair(key, _label_of(crow), bs, cs, bms, cms, ratio, v))
     out.only_base = [_label_of(row) for key, row in bk.items() if key not in ck]
     by_backend: dict[str, list[float]] = {}
     for p in out.pairs:
@@ -317,8 +312,7 @@ def gate(
     for req in min_speedups:
         s = df[(df["backend"] == req.subject) & (df["status"] == "ok")]
         p = df[(df["backend"] == req.peer) & (df["status"] == "ok")]
-        key = ["phase", "h_qk", "h_v", "pattern", "gate_profile"]
-        both = s.merge(p, on=key, suffixes=("_s", "_p"))
+        both = s.merge(p, on=list(R.CASE_FIELDS), suffixes=("_s", "_p"))
         both = both[(both["median_ms_s"] > 0) & (both["median_ms_p"] > 0)]
         if both.empty:
             result.failures.append(
@@ -340,8 +334,11 @@ def gate(
         if not cmp.pairs:
             raise CompareError(
                 f"no common rows between the baseline and {cur.sources[0]} for {', '.join(gated)} "
-                "(matched on phase, h_qk, h_v, pattern, gate profile, backend)"
+                f"(matched on {', '.join(R.KEY_FIELDS)})"
             )
+        # A baseline row the current run lacks was not measured: it cannot pass by being absent.
+        for label in cmp.only_base:
+            result.failures.append(f"{label}: in the baseline, missing from {cur.sources[0]}")
         limit = 1 + max_regression
         regressions = [p for p in cmp.pairs if p.verdict == "SLOWER" and p.ratio > limit]
         for p in regressions:

@@ -23,7 +23,8 @@ from typing import Any
 
 import pandas as pd
 
-from qlabench.report.frame import SCHEMA, ResultsError, backends_in_order, collect, default_subject
+from qlabench import results as R
+from qlabench.report.frame import backends_in_order, collect, default_subject
 
 DEFAULT_MIN_EFFECT = 0.05
 DEFAULT_K_NOISE = 3.0
@@ -112,14 +113,19 @@ class Run:
     commit: str
     env: dict
     df: pd.DataFrame
+    # (case label, backend) -> the row's (status, median_ms, p20_ms, p80_ms); built once per run, so a
+    # history is linear in rows
+    index: dict = field(default_factory=dict, repr=False)
 
     @property
     def label(self) -> str:
         return f"{self.timestamp[:19]} {self.commit[:8]}"
 
 
-def load_runs(results_dir: str | Path) -> list[Run]:
-    """Every results file under ``results_dir`` (recursively), oldest first. Other JSON is skipped."""
+def load_runs(results_dir: str | Path, skipped: list[tuple[str, str]] | None = None) -> list[Run]:
+    """Every results file under ``results_dir`` (recursively), oldest first. JSON of another schema is
+    passed over; a results file that is invalid or has no rows (``qlabench.results.validate``) is left
+    out and, when ``skipped`` is a list, appended to it as (path, reason)."""
     root = Path(results_dir)
     if not root.is_dir():
         raise ValueError(f"not a directory: {str(root)!r}")
@@ -127,20 +133,23 @@ def load_runs(results_dir: str | Path) -> list[Run]:
     for path in sorted(root.rglob("*.json")):
         try:
             data = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError):
             continue
-        if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        if not isinstance(data, dict) or data.get("schema") != R.SCHEMA:
             continue
         try:
-            col = collect(data)
-        except ResultsError:
+            R.validate(data, str(path), allow_empty=False)
+        except R.ResultsError as exc:
+            if skipped is not None:
+                skipped.append((str(path), str(exc)))
             continue
+        col = collect(data)
         env = col.env
         runs.append(
             Run(str(path), str(env.get("timestamp") or ""), str(env.get("git_commit") or ""), env, col.df)
         )
     if not runs:
-        raise ValueError(f"no qlabench results files (schema {SCHEMA}) under {str(root)!r}")
+        raise ValueError(f"no qlabench results files with rows (schema {R.SCHEMA}) under {str(root)!r}")
     runs.sort(key=lambda r: (r.timestamp, r.commit, r.path))
     return runs
 
@@ -182,23 +191,29 @@ class CaseHistory:
     step_runs: list[int] = field(default_factory=list)
 
 
-def _case_label(row: pd.Series) -> str:
-    return f"{row['phase']} {row['preset']} {row['pattern']} [{row['gate_profile']}]"
+def _case_labels(df: pd.DataFrame) -> list[str]:
+    """``qlabench.results.case_label`` per row (`fwd hk16_hv16 1x32768 [bench]`), in one pass."""
+    fields = [c for c in (*R.CASE_FIELDS, "preset") if c in df.columns]
+    return [R.case_label(dict(zip(fields, vals))) for vals in zip(*(df[c].tolist() for c in fields))]
+
+
+def _index(df: pd.DataFrame) -> dict:
+    """(case label, backend) -> (status, median, p20, p80) in one pass; later rows win, as in reports."""
+    cols = [df[c].tolist() for c in ("_case", "backend", "status", "median_ms", "p20_ms", "p80_ms")]
+    return {(case, str(b)): (st, m, lo, hi) for case, b, st, m, lo, hi in zip(*cols)}
 
 
 def _series(runs: list[Run], case: str, backend: str) -> tuple[list[float | None], list[float | None]]:
     times, noise = [], []
     for run in runs:
-        df = run.df
-        rows = df[(df["backend"] == backend) & (df["_case"] == case)]
-        row = rows.iloc[-1] if len(rows) else None
-        if row is None or row["status"] != "ok" or pd.isna(row["median_ms"]) or not row["median_ms"] > 0:
+        row = run.index.get((case, backend))
+        if row is None or row[0] != "ok" or pd.isna(row[1]) or not row[1] > 0:
             times.append(None)
             noise.append(None)
             continue
-        m = float(row["median_ms"])
+        _, m, lo, hi = row
+        m = float(m)
         times.append(m)
-        lo, hi = row.get("p20_ms"), row.get("p80_ms")
         noise.append((float(hi) - float(lo)) / 2 / m if not (pd.isna(lo) or pd.isna(hi)) else None)
     return times, noise
 
@@ -216,7 +231,8 @@ def build_history(
     (e.g. `hk16_hv16`, `1x32768`); a case is kept when it matches every entry."""
     for run in runs:
         run.df = run.df.copy()
-        run.df["_case"] = run.df.apply(_case_label, axis=1) if len(run.df) else []
+        run.df["_case"] = _case_labels(run.df) if len(run.df) else []
+        run.index = _index(run.df)
     all_df = pd.concat([r.df for r in runs], ignore_index=True)
     subject = subject or default_subject(all_df)
     backends = backends_in_order(all_df)

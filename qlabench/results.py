@@ -15,6 +15,7 @@ every field.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -22,7 +23,9 @@ import tempfile
 from pathlib import Path
 
 SCHEMA = "qlabench.results/1"
-STATUSES = ("ok", "incorrect", "error", "unavailable")
+STATUSES = ("ok", "incorrect", "error", "unavailable", "timeout")
+TIMED_STATUSES = ("ok", "incorrect")  # rows that carry a measured time (an incorrect row is still timed)
+PHASES = ("fwd", "bwd", "fwdbwd")
 
 ENV_FIELDS = (
     "gpu_name", "gpu_uuid", "compute_capability", "sm_count", "driver", "cuda", "clocks_start",
@@ -32,7 +35,13 @@ RUN_FIELDS = (
     "argv", "sweep", "arch", "seed", "phases", "backends", "gate_profile", "timer", "warmup",
     "repeats", "l2_policy", "quick", "tolerance",
 )
+# Settings of the `run` block that change what a row measures: `--resume` refuses a file recorded with
+# other values (rows measured under two settings must not share one file).
+MEASUREMENT_SETTINGS = ("device", "seed", "with_h0", "tolerance", "warmup", "repeats", "timer",
+                        "l2_policy", "quick", "cpu_max_tokens")
 TIME_FIELDS = ("median_ms", "p20_ms", "p80_ms", "min_ms", "mean_ms", "std_ms")
+# A time outside [1 ns, 1 h] per call is not a measurement this suite makes: the file is corrupt.
+MIN_TIME_MS, MAX_TIME_MS = 1e-6, 3.6e6
 ROW_FIELDS = (
     "phase", "preset", "model", "h_qk", "h_v", "pattern", "seqlens", "total_tokens", "n_seqs",
     "gate_profile", "dtype", "backend", "status", *TIME_FIELDS, "samples", "timer", "l2_policy",
@@ -42,16 +51,57 @@ ROW_FIELDS = (
 # files lack them). gpu_index / gpu_uuid: the GPU the row ran on (index as the run numbered the visible
 # GPUs); worker: the worker process of a sharded run (qlabench/shard.py), null in a one-process run.
 OPTIONAL_ROW_FIELDS = ("gpu_index", "gpu_uuid", "worker")
-# A row is identified by these fields (--resume, compare): one measurement per key in a file.
-KEY_FIELDS = ("phase", "preset", "pattern", "gate_profile", "backend")
+# Row identity, the one definition (resume, report, compare, gate, history): a case is these fields,
+# a row is a case and a backend; a file holds at most one row per key. The preset name is not part of
+# it: presets are named hk<h_qk>_hv<h_v> (config.load_presets checks), so h_qk and h_v say the same.
+# beta_profile and h0_scale (the input recipe beyond the gate, qlabench/workload.py) came later: a row
+# without them has the default recipe, KEY_DEFAULTS (workload.DEFAULT_BETA_PROFILE / DEFAULT_H0_SCALE).
+KEY_DEFAULTS = {"beta_profile": "sigmoid", "h0_scale": 1.0}
+CASE_FIELDS = ("phase", "h_qk", "h_v", "pattern", "gate_profile", "dtype", *KEY_DEFAULTS)
+KEY_FIELDS = (*CASE_FIELDS, "backend")
+_INT_KEYS = ("h_qk", "h_v")
 
 
 class ResultsError(ValueError):
     """A results file that is not valid ``qlabench.results/1``; the message names file and field."""
 
 
-def row_key(row: dict) -> tuple:
-    return tuple(row.get(k) for k in KEY_FIELDS)
+def _key(row, fields) -> tuple:
+    out = []
+    for k in fields:
+        v = row.get(k)
+        if v is None or (isinstance(v, float) and math.isnan(v)):  # NaN: a pandas cell without a value
+            v = KEY_DEFAULTS.get(k)
+        if v is not None:
+            v = int(v) if k in _INT_KEYS else (float(v) if k == "h0_scale" else str(v))
+        out.append(v)
+    return tuple(out)
+
+
+def case_key(row) -> tuple:
+    """The case a row (dict or pandas row) measured: CASE_FIELDS, h_qk / h_v as int, h0_scale as float,
+    the rest str, KEY_DEFAULTS where a field is absent."""
+    return _key(row, CASE_FIELDS)
+
+
+def row_key(row) -> tuple:
+    """A row's identity (KEY_FIELDS): its case and backend."""
+    return _key(row, KEY_FIELDS)
+
+
+def case_label(row) -> str:
+    """`fwd hk16_hv16 1x32768 [bench]`; a dtype other than bfloat16 and a recipe other than the default
+    are added (`[qwen beta=near1 h0x100] float16`)."""
+    phase, h_qk, h_v, pattern, gate, dtype, beta, h0 = case_key(row)
+    preset = row.get("preset") or f"hk{h_qk}_hv{h_v}"
+    recipe = "".join([f" beta={beta}" if beta != KEY_DEFAULTS["beta_profile"] else "",
+                      f" h0x{h0:g}" if h0 != KEY_DEFAULTS["h0_scale"] else ""])
+    return f"{phase} {preset} {pattern} [{gate}{recipe}]" + (f" {dtype}" if dtype != "bfloat16" else "")
+
+
+def row_label(row) -> str:
+    """`fwd hk16_hv16 1x32768 [bench] qla`: case_label and the backend."""
+    return f"{case_label(row)} {row.get('backend')}"
 
 
 def new_results(env: dict, run: dict) -> dict:
@@ -89,6 +139,55 @@ def save(results: dict, path) -> Path:
     return path
 
 
+class OutputLock:
+    """An exclusive lock on a results file for the length of a run: ``fcntl.flock`` on the sidecar
+    ``<out>.lock`` (holding our PID). A second run on the same file is refused (ResultsError naming the
+    holder) instead of both writing it and one losing its rows. The sidecar is removed on release.
+
+    POSIX advisory lock: it binds qlabench processes (sharded runs: the parent holds it for its
+    workers); a file system without flock support (some network mounts) raises OSError on acquire.
+    """
+
+    def __init__(self, out):
+        self.out = Path(out)
+        self.path = self.out.with_name(self.out.name + ".lock")
+        self.fd: int | None = None
+
+    def acquire(self) -> OutputLock:
+        import fcntl
+
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+                os.close(fd)
+                raise ResultsError(f"{self.out} is being written by another qlabench run (pid {holder}, lock "
+                                   f"{self.path}); wait for it to finish or choose another --out") from None
+            except BaseException:
+                os.close(fd)
+                raise
+            try:  # a holder that just finished unlinked the file we opened: lock the current one
+                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                os.ftruncate(fd, 0)
+                os.write(fd, f"{os.getpid()}\n".encode())
+                self.fd = fd
+                return self
+            os.close(fd)
+
+    def release(self) -> None:
+        if self.fd is None:
+            return
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)  # while still locked: a waiter re-checks the inode
+        os.close(self.fd)
+        self.fd = None
+
+
 def _finite_or_none(x):
     """NaN/Inf have no JSON spelling: they are stored as null (the row's message names them)."""
     if isinstance(x, float) and not math.isfinite(x):
@@ -108,8 +207,78 @@ def _jsonable(x):
     raise TypeError(f"not JSON-serialisable: {type(x).__name__}")
 
 
-def validate(results, source: str = "<results>") -> dict:
-    """Checks the schema tag, the three blocks and every row's required fields and status."""
+def _is_num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def check_row(row, where: str = "row") -> dict:
+    """Checks one row: required fields, typed key fields, status, and (for ok / incorrect rows) finite
+    times inside [MIN_TIME_MS, MAX_TIME_MS]. Raises ResultsError naming ``where``, field and value."""
+    if not isinstance(row, dict):
+        raise ResultsError(f"{where} is not an object, got {type(row).__name__}: {row!r:.80}")
+    missing = [k for k in ROW_FIELDS if k not in row]
+    if missing:
+        raise ResultsError(f"{where} lacks fields {missing}")
+
+    def bad(field: str, why: str):
+        return ResultsError(f"{where}.{field} = {row[field]!r:.80}: {why}")
+
+    status = row["status"]
+    if not isinstance(status, str) or status not in STATUSES:
+        raise bad("status", f"expected one of {', '.join(STATUSES)}")
+    if row["phase"] not in PHASES or not isinstance(row["phase"], str):
+        raise bad("phase", f"expected one of {', '.join(PHASES)}")
+    for k in ("preset", "pattern", "gate_profile", "dtype", "backend"):
+        if not isinstance(row[k], str) or not row[k].strip():
+            raise bad(k, "expected a non-empty string")
+    for k in _INT_KEYS:
+        if not _is_int(row[k]) or row[k] < 1:
+            raise bad(k, "expected an int >= 1")
+    timed = status in TIMED_STATUSES
+    for k in TIME_FIELDS:
+        v = row[k]
+        if v is None:
+            if k == "median_ms" and timed:
+                raise ResultsError(f"{where} is {status} but has no median_ms")
+            continue
+        if not _is_num(v) or not math.isfinite(v):
+            raise bad(k, "expected a finite number of milliseconds or null")
+        lo = 0.0 if k == "std_ms" else MIN_TIME_MS
+        if not lo <= v <= MAX_TIME_MS:
+            raise bad(k, f"outside [{lo:g}, {MAX_TIME_MS:g}] ms per call (not a measurement)")
+    for k in ("first_call_s", "peak_mem_mb"):
+        v = row[k]
+        if v is not None and not (_is_num(v) and math.isfinite(v) and v >= 0):
+            raise bad(k, "expected a finite number >= 0 or null")
+    for k in ("samples", "total_tokens", "n_seqs"):
+        if row[k] is not None and not (_is_int(row[k]) and row[k] >= 0):
+            raise bad(k, "expected an int >= 0 or null")
+    lens = row["seqlens"]
+    if lens is not None and not (isinstance(lens, list) and all(_is_int(n) and n >= 0 for n in lens)):
+        raise bad("seqlens", "expected a list of token counts or null")
+    errs = row["errors"]
+    if errs is not None and not (isinstance(errs, dict)
+                                 and all(e is None or (_is_num(e) and not math.isnan(e)) for e in errs.values())):
+        raise bad("errors", "expected an object of relative errors (numbers or null)")
+    for k in ("model", "message", "backend_version", "timestamp"):
+        if row[k] is not None and not isinstance(row[k], str):
+            raise bad(k, "expected a string or null")
+    if row.get("beta_profile") is not None and not (isinstance(row["beta_profile"], str) and row["beta_profile"]):
+        raise bad("beta_profile", "expected a non-empty string or null")
+    h0 = row.get("h0_scale")
+    if h0 is not None and not (_is_num(h0) and math.isfinite(h0) and h0 >= 0):
+        raise bad("h0_scale", "expected a finite number >= 0 or null")
+    return row
+
+
+def validate(results, source: str = "<results>", allow_empty: bool = True) -> dict:
+    """Checks the schema tag, the three blocks, every row (``check_row``) and that no two rows share a
+    key (``row_key``). ``allow_empty=False``: a file without rows (a run stopped before its first row)
+    is an error too, for readers that need rows."""
     if not isinstance(results, dict):
         raise ResultsError(f"{source}: expected a JSON object, got {type(results).__name__}")
     if results.get("schema") != SCHEMA:
@@ -117,32 +286,59 @@ def validate(results, source: str = "<results>") -> dict:
     for block in ("env", "run"):
         if not isinstance(results.get(block), dict):
             raise ResultsError(f"{source}: missing or non-object '{block}' block")
+    for k in ("gpu_name", "timestamp", "git_commit"):
+        v = results["env"].get(k)
+        if v is not None and not isinstance(v, str):
+            raise ResultsError(f"{source}: env.{k} = {v!r:.80}: expected a string or null")
     rows = results.get("rows")
     if not isinstance(rows, list):
         raise ResultsError(f"{source}: 'rows' must be a list")
+    if not rows and not allow_empty:
+        raise ResultsError(f"{source}: no rows (a run stopped before its first row finished?)")
+    seen: dict[tuple, int] = {}
     for i, row in enumerate(rows):
-        if not isinstance(row, dict):
-            raise ResultsError(f"{source}: rows[{i}] is not an object")
-        missing = [k for k in ROW_FIELDS if k not in row]
-        if missing:
-            raise ResultsError(f"{source}: rows[{i}] lacks fields {missing}")
-        if row["status"] not in STATUSES:
-            raise ResultsError(f"{source}: rows[{i}].status = {row['status']!r}, expected one of {STATUSES}")
-        if row["status"] in ("ok", "incorrect") and row["median_ms"] is None:
-            raise ResultsError(f"{source}: rows[{i}] is {row['status']} but has no median_ms")
+        check_row(row, f"{source}: rows[{i}]")
+        key = row_key(row)
+        if key in seen:
+            raise ResultsError(f"{source}: rows[{seen[key]}] and rows[{i}] are the same case and backend "
+                               f"({row_label(row)}); a file holds one row per key")
+        seen[key] = i
     return results
 
 
-def load(path) -> dict:
-    """Reads and validates a results file."""
+def load(path, allow_empty: bool = True) -> dict:
+    """Reads and validates a results file (``validate``); ResultsError for anything else."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text())
+        text = path.read_text()
     except FileNotFoundError:
         raise ResultsError(f"{path}: no such results file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ResultsError(f"{path}: cannot read ({getattr(e, 'strerror', None) or e})") from None
+    try:
+        data = json.loads(text)
     except json.JSONDecodeError as e:
         raise ResultsError(f"{path}: not valid JSON: {e}") from None
-    return validate(data, str(path))
+    except RecursionError:
+        raise ResultsError(f"{path}: not a results file (JSON nested too deeply)") from None
+    return validate(data, str(path), allow_empty=allow_empty)
+
+
+def check_resume_settings(old_run: dict, new_run: dict, source: str) -> None:
+    """``--resume`` continues a file only under the settings its rows were measured with
+    (MEASUREMENT_SETTINGS); ResultsError naming each setting that differs."""
+    missing = object()
+    diffs = []
+    for k in MEASUREMENT_SETTINGS:
+        old, new = old_run.get(k, missing), new_run.get(k, missing)
+        if old is missing and new is missing:
+            continue
+        if old is missing or new is missing or old != new or isinstance(old, bool) != isinstance(new, bool):
+            was, now = ("not recorded" if x is missing else repr(x) for x in (old, new))
+            diffs.append(f"{k} (file: {was}, this run: {now})")
+    if diffs:
+        raise ResultsError(f"--resume: {source} was measured under other settings: {'; '.join(diffs)}; rerun "
+                           "with the file's settings or write a new --out")
 
 
 def upsert_row(results: dict, row: dict) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -71,8 +72,18 @@ class RunConfig:
     def __post_init__(self):
         if self.device not in ("cuda", "cpu"):
             raise ValueError(f"device must be 'cuda' or 'cpu', got {self.device!r}")
+        check_tolerance(self.tolerance)
         if self.verify_kernels not in VERIFY_MODES:
             raise ValueError(f"verify_kernels must be one of {VERIFY_MODES}, got {self.verify_kernels!r}")
+
+
+def check_tolerance(tolerance) -> float:
+    """The largest relative L2 error a correct row may have: a finite number in (0, 1). Infinity would
+    pass every row, NaN fail every row, and 1 or more pass an all-zero output."""
+    if not (isinstance(tolerance, (int, float)) and not isinstance(tolerance, bool)
+            and 0 < tolerance < 1):
+        raise ValueError(f"--tolerance must be a finite number in (0, 1), got {tolerance!r}")
+    return float(tolerance)
 
 
 def _short(e: BaseException, limit: int = 600) -> str:
@@ -489,8 +500,30 @@ def default_out_path(gpu_name: str | None, commit: str | None, name: str) -> Pat
     return Path("results") / gpu_slug(gpu_name) / f"{date}_{(commit or 'nogit')[:7]}" / f"{name}.json"
 
 
+def prepare_out(out: Path) -> R.OutputLock:
+    """Before any case runs: ``out``'s folder exists and is writable, and this process holds the
+    exclusive lock on ``out`` (``<out>.lock``) for the length of the run. RunSetupError otherwise."""
+    out = Path(out)
+    if out.is_dir():
+        raise RunSetupError(f"--out {out} is a directory; name a results file (.json)")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise RunSetupError(f"--out {out}: cannot create its folder ({e.strerror or e})") from None
+    if out.exists() and not os.access(out, os.R_OK | os.W_OK):
+        raise RunSetupError(f"--out {out}: the file is not readable and writable")
+    try:
+        return R.OutputLock(out).acquire()
+    except OSError as e:
+        raise RunSetupError(f"--out {out}: cannot write there ({e.strerror or e})") from None
+    except R.ResultsError as e:
+        raise RunSetupError(str(e)) from None
+
+
 def open_results(out: Path, env: dict, run: dict, resume: bool) -> dict:
-    """A fresh results dict, or with --resume the existing file's (same GPU required)."""
+    """A fresh results dict, or with --resume the existing file's (same GPU and the same
+    MEASUREMENT_SETTINGS required), saved at once: a place that cannot take the file fails here, before
+    any case runs."""
     if out.exists():
         if not resume:
             raise RunSetupError(f"{out} already exists; pass --resume to continue it or --out to write "
@@ -503,7 +536,16 @@ def open_results(out: Path, env: dict, run: dict, resume: bool) -> dict:
         if old_gpu != new_gpu:
             raise RunSetupError(f"--resume: {out} was measured on {old_gpu or 'the CPU'}, this machine has "
                                 f"{new_gpu or 'no GPU'}")
+        try:
+            R.check_resume_settings(res["run"], run, str(out))
+        except R.ResultsError as e:
+            raise RunSetupError(str(e)) from None
         res["env"].setdefault("resumed_at", []).append(env["timestamp"])
         res["run"].setdefault("resumed_argv", []).append(run["argv"])
-        return res
-    return R.new_results(env, run)
+    else:
+        res = R.new_results(env, run)
+    try:
+        R.save(res, out)
+    except OSError as e:
+        raise RunSetupError(f"--out {out}: cannot write the results file ({e.strerror or e})") from None
+    return res

@@ -10,6 +10,9 @@
                  the same device takes the shard's remaining cases; the other workers go on
     Ctrl-C: SIGTERM to the workers (each saves its partial file and stops), their rows are merged,
             the partial files removed, KeyboardInterrupt re-raised (the CLI exits 130)
+    --case-timeout: a case running longer (from the worker's "case" message: reference, first calls
+            and compilation included) has its worker's process group killed; the backends of that case
+            without a row get `timeout` rows and a fresh worker takes the rest of the shard
 
 Partial files live in ``<out dir>/.<out name>.shards/`` while the run lasts. A parent killed hard
 leaves them behind; ``--resume`` merges their finished rows into --out before planning.
@@ -26,6 +29,8 @@ On the CPU (``--device cpu --workers N``) the same path runs N workers on the to
 
 from __future__ import annotations
 
+import contextlib
+import math
 import multiprocessing as mp
 import os
 import pickle
@@ -52,6 +57,25 @@ MIN_COST_TOKENS = 4096
 # a worker takes more of its preset's cases while its load stays within (1 + this) x the ideal share
 BALANCE_SLACK = 0.05
 STOP_GRACE_S = 15.0  # Ctrl-C: how long workers get to save their partial files before being killed
+
+
+def check_case_timeout(seconds) -> float:
+    """``--case-timeout``: a finite number of seconds > 0; ValueError naming the value otherwise."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not (
+            math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"--case-timeout must be a finite number of seconds > 0, got {seconds!r}")
+    return float(seconds)
+
+
+def kill_process_group(proc) -> None:
+    """Kills a worker or task process and its process group (the compilers it started) when the process
+    leads its own group (``os.setpgid(0, 0)`` at its start), else only the process; waits for it."""
+    with contextlib.suppress(ProcessLookupError, PermissionError, OSError, AttributeError):
+        if os.getpgid(proc.pid) == proc.pid and proc.pid != os.getpgrp():
+            os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(Exception):
+        proc.kill()
+    proc.join(10)
 
 
 @dataclass(frozen=True)
@@ -259,6 +283,8 @@ def _pin(slot: Slot) -> None:
 def _worker_main(slot: Slot, cfg: RunConfig, backends: list[Backend], cases: list[tuple[int, Case]],
                  done: set, partial: str, conn) -> None:
     """Entry point of a worker process (spawned): runs its cases, saving and reporting each row."""
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)  # a case timeout kills the group: this process and the compilers it started
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop (SIGTERM)
     signal.signal(signal.SIGTERM, _interrupt)
     runner = None
@@ -329,6 +355,8 @@ class _Worker:
         self.fatal: str | None = None
         self.exited = False
         self.info: dict = {}
+        self.case_started: float | None = None  # monotonic time of the current case's start
+        self.timed_out: float | None = None  # seconds the current case had run when it was killed
 
 
 class ShardedRun:
@@ -339,9 +367,10 @@ class ShardedRun:
 
     def __init__(self, cfg: RunConfig, backends: list[Backend], results: dict, out: Path | None,
                  cases: list[Case], slots: list[Slot], progress: bool = True, echo=print,
-                 recover: bool = False):
+                 recover: bool = False, case_timeout: float | None = None):
         if not slots:
             raise ValueError("a sharded run needs at least one worker slot")
+        self.case_timeout = None if case_timeout is None else check_case_timeout(case_timeout)
         self.cfg, self.backends, self.results, self.cases = cfg, backends, results, cases
         self.slots, self.progress, self.echo = slots, progress, echo
         self._tmp = None
@@ -383,8 +412,9 @@ class ShardedRun:
         base = self._base(case)
         return [n for n in self.names if R.row_key({**base, "backend": n}) not in done]
 
-    def _error_rows(self, case_id: int, slot: Slot, message: str) -> int:
-        """`error` rows for the backends of a case that have no row from this run (nor an earlier ok)."""
+    def _error_rows(self, case_id: int, slot: Slot, message: str, status: str = "error") -> int:
+        """``status`` rows (`error`, `timeout`) for the backends of a case that have no row from this run
+        (nor an earlier ok)."""
         case = self.cases[case_id]
         base = self._base(case)
         skip = self.merged | self._done_keys()
@@ -392,7 +422,7 @@ class ShardedRun:
         for name in self.names:
             if R.row_key({**base, "backend": name}) in skip:
                 continue
-            self._merge(R.make_row(status="error", **base, backend=name, message=message, timestamp=utc_now(),
+            self._merge(R.make_row(status=status, **base, backend=name, message=message, timestamp=utc_now(),
                                    **slot.row_fields()), save=False)
             n += 1
         self._save()
@@ -478,11 +508,12 @@ class ShardedRun:
             self._merge(msg[1])
         elif kind == "case":
             w.current = msg[1]
+            w.case_started = time.monotonic()
             w.started.append(msg[1])
             if self.bar is not None:
                 self.bar.set_postfix_str(f"{w.slot.worker}: {self.cases[msg[1]].label}", refresh=False)
         elif kind == "case_done":
-            w.current = None
+            w.current = w.case_started = None
             if self.bar is not None:
                 self.bar.update(1)
         elif kind == "ready":
@@ -546,7 +577,16 @@ class ShardedRun:
                     self.bar.update(1)
             self.echo(f"{w.slot.label} could not run ({why}): {len(left)} cases got error rows")
             return
-        if w.current is not None:
+        if w.current is not None and w.timed_out is not None:
+            self._error_rows(w.current, w.slot, f"case exceeded --case-timeout {self.case_timeout:g} s (killed "
+                             f"after {w.timed_out:.0f} s); the rest of {w.slot.label}'s shard went to a fresh "
+                             "worker", status="timeout")
+            if self.bar is not None:
+                self.bar.update(1)
+            self.echo(f"{w.slot.label}: {self.cases[w.current].label} exceeded --case-timeout "
+                      f"{self.case_timeout:g} s: timeout rows written"
+                      + (f"; a fresh worker takes its {len(left)} remaining cases" if left else ""))
+        elif w.current is not None:
             self._error_rows(w.current, w.slot, f"{w.slot.label} died during this case ({how}); the rest of "
                              "its shard went to a fresh worker")
             if self.bar is not None:
@@ -609,8 +649,9 @@ class ShardedRun:
                 if shard:
                     self._start(slot, [todo[j][0] for j in shard], 0)
             while any(not w.exited for w in self.workers):
-                for w in self._pump(1.0):
+                for w in self._pump(self._tick()):
                     self._after_exit(w)
+                self._enforce_timeout()
         except BaseException:
             try:
                 self._stop()
@@ -622,6 +663,24 @@ class ShardedRun:
         self._close_bar()
         return self.results
 
+    def _deadlines(self) -> list[tuple[float, _Worker]]:
+        if self.case_timeout is None:
+            return []
+        return [(w.case_started + self.case_timeout, w) for w in self.workers
+                if not w.exited and w.current is not None and w.case_started is not None and w.timed_out is None]
+
+    def _tick(self) -> float:
+        """How long to wait for messages: 1 s, or until the nearest case deadline."""
+        soonest = min((d for d, _ in self._deadlines()), default=None)
+        return 1.0 if soonest is None else min(1.0, max(0.05, soonest - time.monotonic()))
+
+    def _enforce_timeout(self) -> None:
+        now = time.monotonic()
+        for deadline, w in self._deadlines():
+            if now >= deadline:
+                w.timed_out = now - w.case_started
+                kill_process_group(w.proc)
+
     def _close_bar(self) -> None:
         if self.bar is not None:
             self.bar.close()
@@ -631,7 +690,8 @@ class ShardedRun:
 
 
 def run_sharded(cfg: RunConfig, backends: list[Backend], results: dict, out: Path | None, cases: list[Case],
-                slots: list[Slot], progress: bool = True, echo=print, recover: bool = False) -> dict:
+                slots: list[Slot], progress: bool = True, echo=print, recover: bool = False,
+                case_timeout: float | None = None) -> dict:
     """Runs the sweep over worker processes (see the module docstring); returns ``results``."""
     return ShardedRun(cfg, backends, results, out, cases, slots, progress=progress, echo=echo,
-                      recover=recover).run()
+                      recover=recover, case_timeout=case_timeout).run()

@@ -246,12 +246,9 @@ class _Running:
 def _kill(proc) -> None:
     """Kills a task process and its process group (compilers it started); the group is the task's own
     (``_task_main`` made it leader), else only the process is killed."""
-    with contextlib.suppress(ProcessLookupError, PermissionError, OSError, AttributeError):
-        if os.getpgid(proc.pid) == proc.pid and proc.pid != os.getpgrp():
-            os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(Exception):
-        proc.kill()
-    proc.join(10)
+    from .shard import kill_process_group  # one definition, shared with the run's case timeout
+
+    kill_process_group(proc)
 
 
 class WarmPool:

@@ -284,8 +284,8 @@ def test_resume_recovers_rows_left_by_a_dead_parent(tmp_path):
     R.save(res, out)
     # a worker's partial file from a run whose parent was killed before merging it
     part = R.new_results({"gpu_name": None}, {"worker": 0})
-    ok = R.make_row(status="ok", phase="fwd", preset="hk1_hv2", pattern="1x24", gate_profile="bench",
-                    backend="scripted", median_ms=1.0, worker=0)
+    ok = R.make_row(status="ok", phase="fwd", preset="hk1_hv2", h_qk=1, h_v=2, dtype="bfloat16", pattern="1x24",
+                    gate_profile="bench", backend="scripted", median_ms=1.0, worker=0)
     R.upsert_row(part, ok)
     R.save(part, SH.shard_dir(out) / "worker0.0.json")
     b = Scripted(crash_on={(24,)})  # would die if the recovered case ran again
@@ -298,8 +298,8 @@ def test_resume_recovers_rows_left_by_a_dead_parent(tmp_path):
 
 def test_files_without_gpu_fields_still_load(tmp_path):
     res = R.new_results({"gpu_name": None}, {"argv": []})
-    old = R.make_row(status="ok", phase="fwd", preset="hk1_hv2", pattern="1x24", gate_profile="bench",
-                     backend="torch", median_ms=1.0)
+    old = R.make_row(status="ok", phase="fwd", preset="hk1_hv2", h_qk=1, h_v=2, dtype="bfloat16", pattern="1x24",
+                     gate_profile="bench", backend="torch", median_ms=1.0)
     for k in R.OPTIONAL_ROW_FIELDS:
         del old[k]  # as written before the fields existed
     res["rows"].append(old)

@@ -8,26 +8,30 @@ so nothing downstream has to walk the nested JSON again.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-SCHEMA = "qlabench.results/1"
+# The schema, its validation and row identity live in qlabench/results.py (one definition); the
+# names are re-exported here for the report modules.
+from qlabench.results import (
+    CASE_FIELDS,
+    KEY_DEFAULTS,
+    KEY_FIELDS,
+    SCHEMA,  # noqa: F401 - re-exported
+    TIME_FIELDS,
+    ResultsError,
+    load,
+    validate,
+)
 
-# Row fields the report relies on; a file missing one of them is not a results file we can read.
+# Row fields the report relies on; a frame missing one of them is not results rows we can read.
 REQUIRED_ROW_FIELDS = ("phase", "h_qk", "h_v", "pattern", "backend", "status")
 
 # Identity of a case within a run: two rows with the same key measure the same thing.
-CASE_KEY = ("phase", "h_qk", "h_v", "pattern", "gate_profile", "dtype")
-
-TIME_FIELDS = ("median_ms", "p20_ms", "p80_ms", "min_ms", "mean_ms", "std_ms")
-
-
-class ResultsError(ValueError):
-    """The input is not a readable qlabench results file (bad JSON, wrong schema, missing fields)."""
+CASE_KEY = CASE_FIELDS
 
 
 @dataclass
@@ -57,32 +61,14 @@ class Collected:
 
 
 def read_results(path: str | Path) -> dict:
-    """Read and check one results file; raises :class:`ResultsError` naming the file and the problem."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ResultsError(f"{path}: cannot read ({exc.strerror or exc})") from exc
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ResultsError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from exc
-    return check_results(data, str(path))
+    """Read and check one results file with rows; raises :class:`ResultsError` naming the file and the
+    problem (``qlabench.results.load``)."""
+    return load(path, allow_empty=False)
 
 
 def check_results(data: Any, label: str = "<results>") -> dict:
-    """Check that ``data`` is a ``qlabench.results/1`` document and return it.
-
-    The suite's validator (`qlabench.results.validate`) is the one authority on the schema; its
-    error is re-raised as this module's :class:`ResultsError`.
-    """
-    from qlabench.results import validate
-
-    try:
-        validate(data, label)
-    except ValueError as exc:
-        raise ResultsError(str(exc)) from exc
-    return data
+    """Check that ``data`` is a ``qlabench.results/1`` document with rows and return it."""
+    return validate(data, label, allow_empty=False)
 
 
 def _as_results_dict(obj: Any) -> dict | None:
@@ -133,7 +119,9 @@ def collect(sources: Any) -> Collected:
         frame["gpu_name"] = env.get("gpu_name")
         frame["run_timestamp"] = env.get("timestamp")
         frames.append(frame)
-    out.df = _normalise(pd.concat(frames, ignore_index=True) if frames else pd.DataFrame())
+    if not frames:
+        raise ResultsError("no results files given")
+    out.df = _normalise(pd.concat(frames, ignore_index=True))
     return out
 
 
@@ -142,6 +130,8 @@ def _normalise(df: pd.DataFrame) -> pd.DataFrame:
     for col in ("preset", "model", "gate_profile", "dtype", "message", "timer", "l2_policy"):
         if col not in df.columns:
             df[col] = None
+    for col, default in KEY_DEFAULTS.items():  # identity fields newer than some files: their default
+        df[col] = df[col].where(df[col].notna(), default) if col in df.columns else default
     if "preset" in df.columns:
         missing = df["preset"].isna()
         if missing.any():
@@ -172,7 +162,7 @@ def _normalise(df: pd.DataFrame) -> pd.DataFrame:
 
 def dedupe_latest(df: pd.DataFrame) -> pd.DataFrame:
     """When files overlap, keep the last row per (case, backend): later files win."""
-    key = [c for c in CASE_KEY if c in df.columns] + ["backend"]
+    key = [c for c in KEY_FIELDS if c in df.columns]
     return df.drop_duplicates(subset=key, keep="last").reset_index(drop=True)
 
 

@@ -13,6 +13,7 @@ Titles name the GPU, the phase and the subject; axes carry units.
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import matplotlib
@@ -197,21 +198,50 @@ def plot_heatmap(report: Report, table: PhaseTable, peer: str, path: Path) -> Pa
     return path
 
 
-def write_plots(report: Report, outdir: str | Path) -> dict[str, list[str]]:
-    """Write every plot of ``report`` into ``outdir``; returns file names (relative) per phase."""
+def safe_name(text: str) -> str:
+    """``text`` as one file-name component: characters other than letters, digits, ``_``, ``+`` and ``-``
+    become ``_`` (backend names come from results files: ``x/../../escaped`` must not leave the folder)."""
+    return re.sub(r"[^A-Za-z0-9_+-]", "_", str(text)) or "_"
+
+
+def write_plots(report: Report, outdir: str | Path, protect=()) -> dict[str, list[str]]:
+    """Write every plot of ``report`` into ``outdir``; returns file names (relative) per phase.
+
+    File names built from phase and backend names are sanitised (``safe_name``) and made unique, every
+    file lands directly in ``outdir``, and a path in ``protect`` (the report's input files) is never
+    written: ValueError instead.
+    """
     out = Path(outdir)
     out.mkdir(parents=True, exist_ok=True)
+    root = out.resolve()
+    protected = {Path(x).resolve() for x in protect}
+    used: set[str] = set()
+
+    def target(*parts: str) -> Path:
+        stem = "_".join(safe_name(x) for x in parts)
+        name, k = f"{stem}.png", 1
+        while name in used:
+            k += 1
+            name = f"{stem}_{k}.png"
+        used.add(name)
+        path = out / name
+        if path.resolve().parent != root:
+            raise ValueError(f"plot file {name!r} would land outside {str(out)!r}")
+        if path.resolve() in protected:
+            raise ValueError(f"plot file {str(path)!r} is one of the report's inputs; refusing to overwrite it")
+        return path
+
     made: dict[str, list[str]] = {}
     for table in report.tables:
         files = [
-            plot_speedup_bars(report, table, out / f"speedup_{table.phase}.png"),
-            plot_latency(report, table, out / f"latency_{table.phase}.png"),
+            plot_speedup_bars(report, table, target("speedup", table.phase)),
+            plot_latency(report, table, target("latency", table.phase)),
         ]
         files += [
-            plot_heatmap(report, table, p, out / f"heatmap_{table.phase}_vs_{p}.png") for p in table.peers
+            plot_heatmap(report, table, p, target("heatmap", table.phase, "vs", p)) for p in table.peers
         ]
         made[table.phase] = [f.name for f in files if f is not None]
     return made
 
 
-__all__ = ["PHASE_TITLE", "plot_heatmap", "plot_latency", "plot_speedup_bars", "write_plots"]
+__all__ = ["PHASE_TITLE", "plot_heatmap", "plot_latency", "plot_speedup_bars", "safe_name", "write_plots"]

@@ -10,7 +10,7 @@ import copy
 import re
 from typing import Any
 
-from qlabench.report.frame import SCHEMA
+from qlabench.results import SCHEMA
 
 
 def pattern_seqlens(pattern: str) -> list[int]:
