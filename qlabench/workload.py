@@ -51,6 +51,10 @@ HEAD_DIM = 128
 _BETA_SHIFT = {"sigmoid": 0.0, "near0": -8.0, "near1": 8.0}  # beta = sigmoid(randn + shift)
 _GATE_A_MAX = {"qwen": 16.0, "extreme": 30.0}  # the largest per-head decay rate A_h
 DEFAULT_CUT_SEED = 42
+# The largest pattern a run accepts, checked while parsing, before anything is allocated: 16M tokens
+# (512x the 32k patterns; q, k, v alone would be ~100 GB at 16 heads) in at most 64k sequences.
+MAX_TOTAL_TOKENS = 2**24
+MAX_SEQS = 2**16
 
 _PRODUCT = re.compile(r"^(\d+)x(\d+)$")
 _SUM = re.compile(r"^\d+(\+\d+)+$")
@@ -90,13 +94,48 @@ def _positive(text: str, value: int, what: str) -> int:
     return value
 
 
+def _bounded(text: str, tokens: int, seqs: int) -> None:
+    if tokens > MAX_TOTAL_TOKENS or seqs > MAX_SEQS:
+        raise ValueError(f"seqlen pattern {text!r}: {tokens} tokens in {seqs} sequences is beyond the bound of "
+                         f"{MAX_TOTAL_TOKENS} tokens and {MAX_SEQS} sequences (qlabench.workload.MAX_TOTAL_TOKENS)")
+
+
+def _mt19937(seed: int):
+    """The 32-bit outputs of torch's CPU generator after ``manual_seed(seed)`` (MT19937, init_genrand
+    with the low 32 bits of the seed)."""
+    mt = [seed & 0xFFFFFFFF]
+    for i in range(1, 624):
+        mt.append((1812433253 * (mt[-1] ^ (mt[-1] >> 30)) + i) & 0xFFFFFFFF)
+    while True:
+        for k in range(624):
+            y = (mt[k] & 0x80000000) | (mt[(k + 1) % 624] & 0x7FFFFFFF)
+            mt[k] = mt[(k + 397) % 624] ^ (y >> 1) ^ (0x9908B0DF if y & 1 else 0)
+        for y in mt:
+            y ^= y >> 11
+            y ^= (y << 7) & 0x9D2C5680
+            y ^= (y << 15) & 0xEFC60000
+            yield y ^ (y >> 18)
+
+
 def random_cut(total: int, n: int, seed: int = DEFAULT_CUT_SEED) -> tuple[int, ...]:
-    """``total`` tokens cut into ``n`` non-empty sequences at sorted, seeded random points."""
+    """``total`` tokens cut into ``n`` non-empty sequences at sorted, seeded random points.
+
+    The cut points are the first n - 1 entries of ``torch.randperm(total - 1)`` (+ 1) under
+    ``manual_seed(seed)``, as the suite has always drawn them, but computed in O(n): torch's CPU randperm
+    (for lengths below 2^32 / 20) is a Fisher-Yates shuffle whose step i swaps i with i + random() %
+    (len - i), so the first n - 1 steps, over a map of the swapped slots, give the same entries without
+    the permutation of every token.
+    """
     if n > total:
         raise ValueError(f"cannot cut {total} tokens into {n} non-empty sequences")
-    gen = torch.Generator().manual_seed(seed)
-    cuts = sorted((torch.randperm(total - 1, generator=gen)[: n - 1] + 1).tolist())
-    bounds = [0, *cuts, total]
+    _bounded(f"{total}_{n}seq", total, n)
+    draws, size, moved = _mt19937(seed), total - 1, {}
+    cuts = []
+    for i in range(n - 1):
+        j = i + next(draws) % (size - i)
+        cuts.append(moved.get(j, j) + 1)
+        moved[j] = moved.get(i, i)
+    bounds = [0, *sorted(cuts), total]
     return tuple(b - a for a, b in itertools.pairwise(bounds))
 
 
@@ -109,28 +148,37 @@ def parse_pattern(text: str, cut_seed: int = DEFAULT_CUT_SEED) -> Pattern:
         inner = parse_pattern(m.group(1), cut_seed)
         if inner.pad:
             raise ValueError(f"seqlen pattern {text!r}: only one padding tail (+pad<P>) at the end")
-        return Pattern(s, inner.seqlens, _positive(text, int(m.group(2)), "the padding tail"))
+        pad = _positive(text, int(m.group(2)), "the padding tail")
+        _bounded(text, inner.total_tokens + pad, inner.n_seqs)
+        return Pattern(s, inner.seqlens, pad)
     if m := _PRODUCT.match(s):
         a = _positive(text, int(m.group(1)), "each factor")
         b = _positive(text, int(m.group(2)), "each factor")
+        _bounded(text, a * b, min(a, b))
         return Pattern(s, (max(a, b),) * min(a, b))
     if _SUM.match(s):
-        return Pattern(s, tuple(_positive(text, int(x), "each length") for x in s.split("+")))
+        lens = tuple(_positive(text, int(x), "each length") for x in s.split("+"))
+        _bounded(text, sum(lens), len(lens))
+        return Pattern(s, lens)
     if m := _CUT.match(s):
         total = _positive(text, int(m.group(1)), "the token total") * (1024 if m.group(2) else 1)
         n = _positive(text, int(m.group(3)), "the sequence count")
         if n > total:
             raise ValueError(f"seqlen pattern {text!r}: {n} sequences do not fit in {total} tokens")
+        _bounded(text, total, n)
         return Pattern(s, random_cut(total, n, cut_seed))
     if _SINGLE.match(s):
-        return Pattern(s, (_positive(text, int(s), "the length"),))
+        length = _positive(text, int(s), "the length")
+        _bounded(text, length, 1)
+        return Pattern(s, (length,))
     if "*" in s and _COUNTED.match(s):
-        lens: list[int] = []
+        terms = []
         for term in s.split("+"):
             count, _, length = term.rpartition("*")
-            n = _positive(text, int(count), "each count") if count else 1
-            lens += [_positive(text, int(length), "each length")] * n
-        return Pattern(s, tuple(lens))
+            terms.append((_positive(text, int(count), "each count") if count else 1,
+                          _positive(text, int(length), "each length")))
+        _bounded(text, sum(n * length for n, length in terms), sum(n for n, _ in terms))
+        return Pattern(s, tuple(length for n, length in terms for _ in range(n)))
     raise ValueError(
         f"bad seqlen pattern {text!r}; expected e.g. '1x32768', '8192x4', '28672+4096', '32k_4seq', "
         "'4096', '512*1' or '128*63+128*65+pad1000'"

@@ -194,3 +194,155 @@ def test_history_of_a_large_file_is_fast(tmp_path):
     assert res.exit_code == 0, res.output
     assert "1 runs on NVIDIA H200" in res.output and "fwd hk16_hv16 1x1024 [bench]" in res.output
     assert elapsed < 20, f"history of 24k rows took {elapsed:.1f} s"
+
+
+# ---- run: results that cannot be lost ---------------------------------------------------------------
+
+TINY = ("--cfg", "hk1_hv2", "--seqlens", "1x24", "--quick", "--device", "cpu", "--no-progress")
+
+
+@pytest.fixture
+def one_thread():
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture
+def no_case_may_run(monkeypatch):
+    """Fails the test if a case starts: the error must come before anything is measured."""
+    from qlabench import runner as RN
+
+    def run_case(self, case):
+        raise AssertionError(f"a case ran: {case.label}")
+
+    monkeypatch.setattr(RN.Runner, "run_case", run_case)
+
+
+def test_a_second_run_on_the_same_out_is_refused(tmp_path, no_case_may_run):
+    out = tmp_path / "r.json"
+    lock = R.OutputLock(out).acquire()  # the first run, still measuring
+    try:
+        for extra in ((), ("--resume",), ("--workers", "1")):
+            _one_line_error(_invoke("run", *TINY, "--out", out, *extra), 2,
+                            f"{out} is being written by another qlabench run", "lock")
+        assert not out.exists()
+    finally:
+        lock.release()
+    assert not (tmp_path / "r.json.lock").exists()
+
+
+def test_the_lock_is_held_for_the_run_and_released(tmp_path, monkeypatch, one_thread):
+    from qlabench import runner as RN
+
+    out = tmp_path / "r.json"
+    seen = []
+    run_case = RN.Runner.run_case
+
+    def spy(self, case):
+        seen.append((tmp_path / "r.json.lock").exists())
+        with pytest.raises(R.ResultsError, match="being written by another qlabench run"):
+            R.OutputLock(out).acquire()
+        run_case(self, case)
+
+    monkeypatch.setattr(RN.Runner, "run_case", spy)
+    res = _invoke("run", *TINY, "--out", out)
+    assert res.exit_code == 0, res.output
+    assert seen == [True] and not (tmp_path / "r.json.lock").exists()
+    assert [r["status"] for r in R.load(out)["rows"]] == ["ok"]
+
+
+@pytest.mark.parametrize("where", ["file_as_folder", "dev_null"])
+def test_unwritable_out_fails_before_any_case(tmp_path, where, no_case_may_run):
+    if where == "file_as_folder":
+        (tmp_path / "plain").write_text("x")
+        out = tmp_path / "plain" / "r.json"
+    else:
+        out = "/dev/null/r.json"
+    _one_line_error(_invoke("run", *TINY, "--out", out), 2, f"--out {out}", "cannot")
+    res = _invoke("run", *TINY, "--out", tmp_path)  # click's own check of the option: a usage error
+    assert res.exit_code == 2 and "is a directory" in res.output and "Traceback" not in res.output
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "0", "-0.1", "1", "1.5", "-inf"])
+def test_tolerance_must_be_finite_in_0_1(tmp_path, value, no_case_may_run):
+    _one_line_error(_invoke("run", *TINY, "--out", tmp_path / "r.json", "--tolerance", value), 2,
+                    "--tolerance must be a finite number in (0, 1)")
+    assert not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (("--seed", "1"), "seed (file: 0, this run: 1)"),
+    (("--no-h0",), "with_h0 (file: True, this run: False)"),
+    (("--tolerance", "0.05"), "tolerance (file: 0.02, this run: 0.05)"),
+    (("--repeats", "7"), "repeats (file: 5, this run: 7)"),
+    (("--warmup", "2"), "warmup (file: 1, this run: 2)"),
+])
+def test_resume_refuses_other_measurement_settings(tmp_path, extra, needle, one_thread):
+    out = tmp_path / "r.json"
+    assert _invoke("run", *TINY, "--out", out).exit_code == 0
+    before = out.read_bytes()
+    _one_line_error(_invoke("run", *TINY, "--out", out, "--resume", *extra), 2,
+                    f"--resume: {out} was measured under other settings", needle)
+    assert out.read_bytes() == before
+    again = _invoke("run", *TINY, "--out", out, "--resume")  # the same settings: fine
+    assert again.exit_code == 0, again.output
+
+
+def test_resume_of_a_file_that_does_not_record_a_setting(tmp_path, no_case_may_run):
+    out = tmp_path / "r.json"
+    doc = make_results(_rows(), gpu_name=None, device="cpu")
+    del doc["run"]["seed"]
+    _write(out, doc)
+    _one_line_error(_invoke("run", *TINY, "--out", out, "--resume"), 2, "seed (file: not recorded, this run: 0)")
+
+
+def test_resume_of_an_empty_file_runs(tmp_path, one_thread):
+    out = tmp_path / "r.json"
+    with pytest.MonkeyPatch.context() as mp:  # a run stopped before its first row: the file has no rows
+        from qlabench import runner as RN
+
+        mp.setattr(RN.Runner, "run_case", lambda self, case: (_ for _ in ()).throw(KeyboardInterrupt))
+        res = _invoke("run", *TINY, "--out", out)
+    assert res.exit_code == 130 and R.load(out)["rows"] == []
+    _one_line_error(_invoke("report", out), 2, "no rows")
+    res = _invoke("run", *TINY, "--out", out, "--resume")
+    assert res.exit_code == 0, res.output
+    assert [r["status"] for r in R.load(out)["rows"]] == ["ok"]
+
+
+# ---- patterns: bounded, and cut in O(n) -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("pattern", ["2000000k_2seq", "1000000x1000000", "99999999999", "100000*1000",
+                                     "1x32768+pad99999999", "16777216+1", "16384k_70000seq"])
+def test_absurd_patterns_are_rejected_before_allocating(tmp_path, pattern, no_case_may_run):
+    t0 = time.monotonic()
+    _one_line_error(_invoke("run", "--cfg", "hk1_hv2", "--seqlens", pattern, "--quick", "--device", "cpu",
+                            "--out", tmp_path / "r.json"), 2, f"seqlen pattern {pattern!r}",
+                    "beyond the bound of 16777216 tokens and 65536 sequences")
+    assert time.monotonic() - t0 < 5
+
+
+def test_random_cut_is_linear_and_keeps_the_points():
+    import itertools
+
+    import torch
+
+    from qlabench.workload import parse_pattern, random_cut
+
+    def randperm_cut(total, n, seed):  # how the cut was drawn before: a permutation of every token
+        gen = torch.Generator().manual_seed(seed)
+        cuts = sorted((torch.randperm(total - 1, generator=gen)[: n - 1] + 1).tolist())
+        return tuple(b - a for a, b in itertools.pairwise([0, *cuts, total]))
+
+    for total, n, seed in [(32768, 4, 42), (8192, 2, 42), (2, 2, 0), (5, 5, 3), (1000, 999, 7),
+                           (300_000, 100, 2**40 + 1)]:
+        assert random_cut(total, n, seed) == randperm_cut(total, n, seed), (total, n, seed)
+    t0 = time.monotonic()
+    big = parse_pattern("16384k_4seq")  # the largest total: 16M tokens, no 128 MB permutation
+    assert sum(big.seqlens) == 2**24 and len(big.seqlens) == 4
+    assert time.monotonic() - t0 < 0.5
