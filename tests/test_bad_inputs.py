@@ -15,7 +15,9 @@ import pytest
 from click.testing import CliRunner
 
 from qlabench import results as R
+from qlabench.backends import Backend
 from qlabench.cli import main
+from qlabench.kernels.reference import chunk_gated_delta_rule_ref
 from qlabench.report.synthetic import make_results, make_row
 
 PATTERNS = ("1x2048", "1x4096", "1x8192", "1x16384", "1x32768", "2048x4", "4096x4", "8192x2", "16384x2",
@@ -346,3 +348,51 @@ def test_random_cut_is_linear_and_keeps_the_points():
     big = parse_pattern("16384k_4seq")  # the largest total: 16M tokens, no 128 MB permutation
     assert sum(big.seqlens) == 2**24 and len(big.seqlens) == 4
     assert time.monotonic() - t0 < 0.5
+
+
+# ---- a per-case timeout -----------------------------------------------------------------------------
+
+
+class Sleepy(Backend):
+    """The float64 reference, stuck for a minute on the 24-token case (pickled into the worker)."""
+
+    name = "sleepy"
+    expects_cuda = False
+
+    def available(self, device):
+        return True, ""
+
+    def forward(self, w):
+        if tuple(w.seqlens) == (24,):
+            time.sleep(60)
+        return chunk_gated_delta_rule_ref(w.q, w.k, w.v, w.g, w.beta, scale=w.scale, initial_state=w.h0,
+                                          output_final_state=True, cu_seqlens=w.cu_seqlens)
+
+
+def test_case_timeout_records_timeout_rows_and_goes_on(tmp_path, monkeypatch, one_thread):
+    from qlabench import backends
+
+    monkeypatch.setitem(backends._REGISTRY, "sleepy", Sleepy)
+    out = tmp_path / "r.json"
+    t0 = time.monotonic()
+    res = _invoke("run", "--cfg", "hk1_hv2", "--seqlens", "1x24,1x16", "--quick", "--device", "cpu", "--no-progress",
+                  "--backends", "sleepy,torch", "--case-timeout", "3", "--out", out)
+    assert res.exit_code == 0, res.output
+    assert time.monotonic() - t0 < 50
+    assert "exceeded --case-timeout 3 s" in res.output
+    data = R.load(out)
+    status = {(r["pattern"], r["backend"]): r["status"] for r in data["rows"]}
+    assert status == {("1x24", "sleepy"): "timeout", ("1x24", "torch"): "timeout",
+                      ("1x16", "sleepy"): "ok", ("1x16", "torch"): "ok"}
+    timed_out = next(r for r in data["rows"] if r["status"] == "timeout")
+    assert "case exceeded --case-timeout 3 s" in timed_out["message"] and timed_out["median_ms"] is None
+    assert data["run"]["case_timeout_s"] == 3.0
+    # a timeout row of the gated backend fails the gate
+    gate = _invoke("gate", out, "--min-speedup", "sleepy/torch=0.5", "--backend", "sleepy")
+    assert gate.exit_code == 1 and "status timeout" in gate.output
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf"])
+def test_case_timeout_must_be_positive_and_finite(tmp_path, value, no_case_may_run):
+    _one_line_error(_invoke("run", *TINY, "--out", tmp_path / "r.json", "--case-timeout", value), 2,
+                    "--case-timeout must be a finite number of seconds > 0")
