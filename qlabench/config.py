@@ -41,6 +41,11 @@ PHASES = ("fwd", "bwd", "fwdbwd")
 _PRESET_NAME = re.compile(r"^hk(\d+)_hv(\d+)$")
 _SWEEP_KEYS = {"description", "arch", "phases", "presets", "seqlens", "backends", "gate_profile",
                "dtype", "warmup", "repeats", "beta_profile", "h0_scale", "groups"}
+# Activation dtypes a sweep may ask for (``dtype``; q, k, v, do): the GPU kernels take bf16 and fp16.
+DTYPES = ("bfloat16", "float16")
+# GPU architectures a sweep may name (``arch``): recorded as the run's arch and, on a GPU of another
+# one, announced; `qlabench run --arch` enforces it (qlabench/kernels/dispatch.py knows the same names).
+ARCHS = ("sm90", "sm100", "sm120")
 # The keys a [[groups]] table may set; the same keys at the top level are every group's defaults.
 _GROUP_KEYS = {"presets", "phases", "seqlens", "gate_profile", "beta_profile", "h0_scale"}
 
@@ -256,6 +261,7 @@ class Sweep:
     arch: str | None = None
     description: str = ""
     settings: dict = field(default_factory=dict)  # warmup / repeats from the sweep file
+    dtype: str = "bfloat16"  # of every case (its inputs q, k, v, do)
 
     @property
     def phases(self) -> list[str]:
@@ -434,7 +440,10 @@ def load_sweep(name_or_path: str, directory: Path | None = None, presets=None, s
     settings = {k: _int(path, k, data[k], minimum=0 if k == "warmup" else 1)
                 for k in ("warmup", "repeats") if k in data}
     arch = data.get("arch")
-    if arch is not None and not isinstance(arch, str):
-        raise ConfigError(f"{path}: arch must be a string like 'sm90', got {arch!r}")
-    return Sweep(name=path.stem, cases=cases, backends=backends, arch=arch,
-                 description=str(data.get("description", "")), settings=settings)
+    if arch is not None and arch not in ARCHS:
+        raise ConfigError(f"{path}: arch must be one of {', '.join(ARCHS)}, got {arch!r}")
+    dtype = data.get("dtype", "bfloat16")
+    if dtype not in DTYPES:
+        raise ConfigError(f"{path}: dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    return Sweep(name=path.stem, cases=[replace(c, dtype=dtype) for c in cases], backends=backends, arch=arch,
+                 description=str(data.get("description", "")), settings=settings, dtype=dtype)

@@ -342,7 +342,8 @@ class Runner:
             w = make_workload(case.preset.h_qk, case.preset.h_v, pattern.seqlens, case.gate_profile,
                               seed=case_seed(cfg.seed, case.preset.name, case.pattern.name, case.gate_profile),
                               device=cfg.device, head_dim=cfg.head_dim, with_h0=cfg.with_h0,
-                              beta_profile=case.beta_profile, h0_scale=case.h0_scale, pad=pattern.pad)
+                              beta_profile=case.beta_profile, h0_scale=case.h0_scale, pad=pattern.pad,
+                              dtype=getattr(torch, case.dtype))
             ref = reference_outputs(case.phase, w)
         except Exception as e:  # noqa: BLE001 - the case fails, the sweep goes on
             for b in runnable:
@@ -443,6 +444,7 @@ def select_cases(sweep: str | None = None, cfgs=(), seqlens=(), phase: str | Non
         cases = C.reselect(sw.cases, sets, presets=chosen if names else None,
                            phases=phases if phase else None, seqlen_spec=spec or None,
                            gate_profile=gate_profile)
+        cases = [replace(c, dtype=sw.dtype) for c in cases]  # the sweep's dtype, also on cases reselect adds
     else:
         cases = C.build_cases(chosen, phases, sets, spec or None, gate_profile or "bench")
     gate = ",".join(dict.fromkeys(c.gate_profile for c in cases)) or gate_profile or "bench"

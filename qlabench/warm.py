@@ -68,6 +68,7 @@ class WarmTask:
     backend: Backend
     pattern: Pattern
     gate_profile: str = "bench"
+    dtype: str = "bfloat16"  # of the inputs (a sweep's dtype): kernels compile per dtype
 
     @property
     def label(self) -> str:
@@ -127,7 +128,8 @@ def plan_tasks(cases: list[Case], backends: list[Backend], pattern: str | Patter
     tasks = []
     for first, pats in groups.values():
         chosen = pattern if isinstance(pattern, Pattern) else _pick(pats, pattern)
-        tasks.extend(WarmTask(first.preset, first.phase, b, chosen, first.gate_profile) for b in backends)
+        tasks.extend(WarmTask(first.preset, first.phase, b, chosen, first.gate_profile, first.dtype)
+                     for b in backends)
     return tasks
 
 
@@ -165,7 +167,8 @@ def run_task(task: WarmTask, opts: WarmOptions) -> dict:
             return out
         w = make_workload(task.preset.h_qk, task.preset.h_v, task.pattern.seqlens, task.gate_profile,
                           seed=case_seed(opts.seed, task.preset.name, task.pattern.name, task.gate_profile),
-                          device=opts.device, head_dim=opts.head_dim, with_h0=opts.with_h0)
+                          device=opts.device, head_dim=opts.head_dim, with_h0=opts.with_h0,
+                          dtype=getattr(torch, task.dtype))
         call = _PhaseCall(task.phase, task.backend, w)
 
         def first():

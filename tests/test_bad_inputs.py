@@ -396,3 +396,36 @@ def test_case_timeout_records_timeout_rows_and_goes_on(tmp_path, monkeypatch, on
 def test_case_timeout_must_be_positive_and_finite(tmp_path, value, no_case_may_run):
     _one_line_error(_invoke("run", *TINY, "--out", tmp_path / "r.json", "--case-timeout", value), 2,
                     "--case-timeout must be a finite number of seconds > 0")
+
+
+# ---- sweep files: every key is read or refused ------------------------------------------------------
+
+SWEEP = 'presets = ["hk1_hv2"]\nseqlens = ["1x24"]\nbackends = ["torch"]\n'
+
+
+def test_sweep_dtype_is_run_and_recorded(tmp_path, one_thread):
+    sweep = tmp_path / "half.toml"
+    sweep.write_text(SWEEP + 'dtype = "float16"\narch = "sm90"\n')
+    out = tmp_path / "r.json"
+    res = _invoke("run", "--sweep", sweep, "--quick", "--device", "cpu", "--no-progress", "--out", out)
+    assert res.exit_code == 0, res.output
+    data = R.load(out)
+    assert [(r["dtype"], r["status"]) for r in data["rows"]] == [("float16", "ok")]
+    assert data["run"]["arch"] == "sm90"
+    from qlabench.runner import select_cases
+
+    sel = select_cases(str(sweep), phase="fwd,bwd")  # cases the command line adds keep the sweep's dtype
+    assert {c.dtype for c in sel.cases} == {"float16"} and {c.phase for c in sel.cases} == {"fwd", "bwd"}
+
+
+@pytest.mark.parametrize("extra, needle", [
+    ('dtype = "float64"\n', "dtype must be one of bfloat16, float16, got 'float64'"),
+    ('dtype = 16\n', "dtype must be one of bfloat16, float16, got 16"),
+    ('arch = "sm89"\n', "arch must be one of sm90, sm100, sm120, got 'sm89'"),
+    ('warmpu = 3\n', "unknown keys ['warmpu']"),
+])
+def test_bad_or_unknown_sweep_keys_exit_2(tmp_path, extra, needle, no_case_may_run):
+    sweep = tmp_path / "bad.toml"
+    sweep.write_text(SWEEP + extra)
+    _one_line_error(_invoke("run", "--sweep", sweep, "--quick", "--device", "cpu", "--out", tmp_path / "r.json"),
+                    2, str(sweep), needle)
