@@ -12,7 +12,13 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
 
 import qlabench
 
@@ -52,8 +58,23 @@ def _run(cmd: list[str], cwd=None, timeout: float = 10.0) -> str | None:
     return res.stdout.strip() if res.returncode == 0 else None
 
 
-def git_info() -> tuple[str | None, bool | None]:
+def _is_qlabench_project(root: Path) -> bool:
+    """Whether ``root`` holds qlabench's own pyproject.toml (``[project] name = "qlabench"``)."""
+    try:
+        data = tomllib.loads((root / "pyproject.toml").read_text())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return False
+    project = data.get("project")
+    return isinstance(project, dict) and project.get("name") == "qlabench"
+
+
+def git_info(root: Path | None = None) -> tuple[str | None, bool | None]:
     """(commit, dirty) of the qlabench checkout; (None, None) outside git.
+
+    Only qlabench's own repository counts: ``root`` (default: the folder holding the qlabench package)
+    must hold qlabench's pyproject.toml and be the top level of its git work tree. An unpacked copy
+    inside another checkout (or an installed package inside a virtualenv in one) gets no commit rather
+    than the enclosing repository's.
 
     QLABENCH_GIT_COMMIT (and QLABENCH_GIT_DIRTY=0/1) in the environment name the commit explicitly and
     win over git: a tree shipped to a GPU host may lack .git or carry a stale one.
@@ -62,7 +83,12 @@ def git_info() -> tuple[str | None, bool | None]:
     if env_commit:  # explicit: a copied tree's .git can be stale (seen on the lent GPU host)
         dirty = os.environ.get("QLABENCH_GIT_DIRTY")
         return env_commit, (dirty == "1") if dirty in ("0", "1") else None
-    root = Path(qlabench.__file__).resolve().parent.parent
+    root = (Path(root) if root is not None else Path(qlabench.__file__).resolve().parent.parent).resolve()
+    if not _is_qlabench_project(root):
+        return None, None
+    top = _run(["git", "rev-parse", "--show-toplevel"], cwd=root)
+    if top is None or Path(top).resolve() != root:
+        return None, None
     commit = _run(["git", "rev-parse", "HEAD"], cwd=root)
     if commit is None:
         return None, None

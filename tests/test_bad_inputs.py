@@ -429,3 +429,45 @@ def test_bad_or_unknown_sweep_keys_exit_2(tmp_path, extra, needle, no_case_may_r
     sweep.write_text(SWEEP + extra)
     _one_line_error(_invoke("run", "--sweep", sweep, "--quick", "--device", "cpu", "--out", tmp_path / "r.json"),
                     2, str(sweep), needle)
+
+
+# ---- env.git_commit: only qlabench's own repository ---------------------------------------------------
+
+
+def _git(cwd, *args):
+    import subprocess
+
+    return subprocess.run(["git", "-c", "user.email=t@example.com", "-c", "user.name=t", *args], cwd=cwd,
+                          check=True, capture_output=True, text=True).stdout.strip()
+
+
+def test_git_commit_only_from_qlabenchs_own_repository(tmp_path, monkeypatch):
+    import qlabench
+
+    monkeypatch.delenv("QLABENCH_GIT_COMMIT", raising=False)
+    outer = tmp_path / "outer"
+    copy = outer / "vendor" / "qlabench-copy"
+    (copy / "qlabench").mkdir(parents=True)
+    (copy / "qlabench" / "__init__.py").write_text("")
+    (copy / "pyproject.toml").write_text('[project]\nname = "qlabench"\n')
+    _git(outer, "init", "-q")
+    _git(outer, "add", "-A")
+    _git(outer, "commit", "-q", "-m", "outer")
+    monkeypatch.setattr(qlabench, "__file__", str(copy / "qlabench" / "__init__.py"))
+
+    def env():
+        res = _invoke("env", "--json")
+        assert res.exit_code == 0, res.output
+        return json.loads(res.output)
+
+    assert env()["git_commit"] is None  # the enclosing checkout's commit is not ours
+    (copy / "pyproject.toml").write_text('[project]\nname = "something-else"\n')
+    _git(copy, "init", "-q")
+    _git(copy, "add", "-A")
+    _git(copy, "commit", "-q", "-m", "inner")
+    assert env()["git_commit"] is None  # its own repository, but not qlabench's project
+    (copy / "pyproject.toml").write_text('[project]\nname = "qlabench"\n')
+    _git(copy, "commit", "-q", "-am", "qlabench")
+    assert env()["git_commit"] == _git(copy, "rev-parse", "HEAD")
+    monkeypatch.setenv("QLABENCH_GIT_COMMIT", "feedbeef")
+    assert env()["git_commit"] == "feedbeef"
