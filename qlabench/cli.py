@@ -491,6 +491,45 @@ def gate_cmd(current, baseline, max_regression, min_speedups, backends, min_effe
     raise SystemExit(res.code)
 
 
+@main.group("baseline")
+def baseline_grp() -> None:
+    """The baselines `qlabench gate --baseline` compares against (results/baselines/<gpu>.json)."""
+
+
+@baseline_grp.command("update")
+@click.argument("results", type=click.Path(dir_okay=False))
+@click.option("--gpu", required=True, help="GPU slug of the run and the file name, e.g. h200.")
+@click.option("--backends", default=None,
+              help="Comma list of backends whose ok rows to keep [default: every backend of RESULTS].")
+@click.option("--out", "out_file", type=click.Path(dir_okay=False), default=None,
+              help="Where to write [default: results/baselines/<gpu>.json].")
+def baseline_update_cmd(results, gpu, backends, out_file) -> None:
+    """Write a baseline from one run: its ok rows of the chosen backends, validated, written atomically.
+
+    Refused (exit 2, one line) when RESULTS is not a valid results file with rows, was measured on
+    another GPU than --gpu, or has a qla row that is not ok.
+    """
+    from pathlib import Path
+
+    from qlabench import results as R
+    from qlabench.gate import baseline_path, make_baseline
+
+    names = [b.strip() for b in (backends or "").split(",") if b.strip()]
+    try:
+        out = Path(out_file or baseline_path(gpu))
+        if out.resolve() == Path(results).resolve():
+            raise ValueError(f"--out {out} is RESULTS itself; refusing to overwrite the run")
+        doc = make_baseline(R.load(results, allow_empty=False), results, gpu, names or None)
+        R.save(doc, out)
+    except (ValueError, TypeError) as exc:  # ResultsError is a ValueError
+        _setup_error(f"baseline update: {exc}")
+    except OSError as exc:
+        _setup_error(f"baseline update: cannot write {out}: {exc.strerror or exc}")
+    per = {b: sum(r["backend"] == b for r in doc["rows"]) for b in doc["run"]["baseline"]["backends"]}
+    click.echo(f"wrote {out}: {len(doc['rows'])} ok rows (" + ", ".join(f"{b} {n}" for b, n in per.items())
+               + f") from {results}")
+
+
 @main.command("history")
 @click.argument("results_dir", type=click.Path(exists=True, file_okay=False))
 @click.option("--cfg", "cfg", multiple=True,

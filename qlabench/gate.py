@@ -354,3 +354,49 @@ def gate(
             )
     result.code = EXIT_FAIL if result.failures else EXIT_OK
     return result
+
+
+# ---- baselines -------------------------------------------------------------------------------------
+
+BASELINE_SUBJECT = "qla"  # a baseline is refused unless every row of ours in the run is ok
+_GPU_SLUG = re.compile(r"[a-z0-9][a-z0-9-]*")
+
+
+def baseline_path(gpu: str, root: str = "results/baselines") -> str:
+    """``results/baselines/<gpu>.json``; ValueError for a name that is not a GPU slug (`h200`)."""
+    if not isinstance(gpu, str) or not _GPU_SLUG.fullmatch(gpu):
+        raise ValueError(f"--gpu must be a GPU slug like h200 (lower-case letters, digits, '-'), got {gpu!r}")
+    return f"{root}/{gpu}.json"
+
+
+def make_baseline(results: dict, source: str, gpu: str, backends: list[str] | None = None) -> dict:
+    """A baseline document from one run: its env and run blocks, and only the ok rows of ``backends``
+    (default: every backend of the run). ValueError (ResultsError for an invalid file) when the run is
+    not valid, was measured on another GPU than ``gpu``, names a backend it lacks, or has a row of
+    BASELINE_SUBJECT that is not ok (a baseline must not enshrine a wrong or missing result)."""
+    from qlabench.envinfo import gpu_slug, utc_now
+
+    R.validate(results, source, allow_empty=False)
+    baseline_path(gpu)
+    measured = gpu_slug(results["env"].get("gpu_name"))
+    if measured != gpu:
+        raise ValueError(f"{source} was measured on {results['env'].get('gpu_name') or 'the CPU'} ({measured}), "
+                         f"not {gpu}")
+    rows = results["rows"]
+    have = list(dict.fromkeys(r["backend"] for r in rows))
+    backends = list(dict.fromkeys(backends or have))
+    missing = [b for b in backends if b not in have]
+    if missing:
+        raise ValueError(f"backend {missing[0]!r} is not in {source} (have: {', '.join(have)})")
+    ours = [r for r in rows if r["backend"] == BASELINE_SUBJECT]
+    if not ours:
+        raise ValueError(f"{source} has no {BASELINE_SUBJECT} rows: a baseline gates {BASELINE_SUBJECT}")
+    bad = [r for r in ours if r["status"] != "ok"]
+    if bad:
+        listed = "; ".join(f"{R.row_label(r)}: {r['status']}" for r in bad[:3])
+        raise ValueError(f"refusing {source}: {len(bad)} of its {len(ours)} {BASELINE_SUBJECT} rows are not ok "
+                         f"({listed}{'; ...' if len(bad) > 3 else ''})")
+    kept = [r for r in rows if r["backend"] in backends and r["status"] == "ok"]
+    run = {**results["run"], "baseline": {"source": source, "gpu": gpu, "backends": backends, "made": utc_now()}}
+    doc = {"schema": R.SCHEMA, "env": dict(results["env"]), "run": run, "rows": kept}
+    return R.validate(doc, f"baseline of {source}", allow_empty=False)

@@ -471,3 +471,61 @@ def test_git_commit_only_from_qlabenchs_own_repository(tmp_path, monkeypatch):
     assert env()["git_commit"] == _git(copy, "rev-parse", "HEAD")
     monkeypatch.setenv("QLABENCH_GIT_COMMIT", "feedbeef")
     assert env()["git_commit"] == "feedbeef"
+
+
+# ---- qlabench baseline update --------------------------------------------------------------------------
+
+
+def _run_doc(qla_status="ok", gpu="NVIDIA H200"):
+    rows = _rows(backends=("qla", "fla")) + [make_row("fwd", 16, 16, p, "flash_qla", 0.5) for p in PATTERNS[:3]]
+    rows.append(make_row("fwd", 16, 16, PATTERNS[3], "flash_qla", None, status="error"))
+    rows[0] = make_row("fwd", 16, 16, PATTERNS[0], "qla", 1.0, status=qla_status)
+    return make_results(rows, gpu_name=gpu)
+
+
+def test_baseline_update_keeps_ok_rows_of_the_chosen_backends(tmp_path, monkeypatch):
+    run = _write(tmp_path / "run.json", _run_doc())
+    monkeypatch.chdir(tmp_path)
+    res = _invoke("baseline", "update", run, "--gpu", "h200", "--backends", "qla,flash_qla")
+    assert res.exit_code == 0, res.output
+    out = tmp_path / "results" / "baselines" / "h200.json"
+    assert res.output.strip() == f"wrote results/baselines/h200.json: 13 ok rows (qla 10, flash_qla 3) from {run}"
+    doc = R.load(out)
+    assert {(r["backend"], r["status"]) for r in doc["rows"]} == {("qla", "ok"), ("flash_qla", "ok")}
+    assert doc["run"]["baseline"]["backends"] == ["qla", "flash_qla"] and doc["env"]["gpu_name"] == "NVIDIA H200"
+    assert sorted(p.name for p in out.parent.iterdir()) == ["h200.json"]  # atomic: no temp file left
+    gate = _invoke("gate", run, "--baseline", out)
+    assert gate.exit_code == 0, gate.output
+    # every backend by default
+    res = _invoke("baseline", "update", run, "--gpu", "h200", "--out", tmp_path / "all.json")
+    assert res.exit_code == 0 and "23 ok rows (qla 10, fla 10, flash_qla 3)" in res.output
+
+
+@pytest.mark.parametrize("status", ["incorrect", "error", "timeout"])
+def test_baseline_update_refuses_a_run_whose_qla_rows_are_not_all_ok(tmp_path, status):
+    run = _write(tmp_path / "run.json", _run_doc(qla_status=status))
+    out = tmp_path / "h200.json"
+    _one_line_error(_invoke("baseline", "update", run, "--gpu", "h200", "--out", out), 2,
+                    f"refusing {run}: 1 of its 10 qla rows are not ok", f"1x2048 [bench] qla: {status}")
+    assert not out.exists()
+
+
+def test_baseline_update_bad_inputs(tmp_path):
+    run = _write(tmp_path / "run.json", _run_doc())
+    out = tmp_path / "b.json"
+    _one_line_error(_invoke("baseline", "update", run, "--gpu", "h100", "--out", out), 2,
+                    "was measured on NVIDIA H200 (h200), not h100")
+    _one_line_error(_invoke("baseline", "update", run, "--gpu", "../../x"), 2, "--gpu must be a GPU slug")
+    _one_line_error(_invoke("baseline", "update", run, "--gpu", "h200", "--backends", "qla,nope", "--out", out),
+                    2, "backend 'nope' is not in")
+    _one_line_error(_invoke("baseline", "update", run, "--gpu", "h200", "--out", run), 2, "refusing to overwrite")
+    no_qla = _write(tmp_path / "fla.json", make_results(_rows(backends=("fla",))))
+    _one_line_error(_invoke("baseline", "update", no_qla, "--gpu", "h200", "--out", out), 2, "has no qla rows")
+    bad = make_results(_rows())
+    bad["rows"][2]["median_ms"] = math.inf
+    bad_path = _write(tmp_path / "bad.json", bad, allow_nan=True)
+    _one_line_error(_invoke("baseline", "update", bad_path, "--gpu", "h200", "--out", out), 2,
+                    "rows[2].median_ms = inf")
+    empty = _write(tmp_path / "empty.json", make_results([]))
+    _one_line_error(_invoke("baseline", "update", empty, "--gpu", "h200", "--out", out), 2, "no rows")
+    assert not out.exists()
