@@ -22,6 +22,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from .recipe import DEFAULT_BETA_PROFILE, DEFAULT_H0_SCALE, inputs_label
+
 SCHEMA = "qlabench.results/1"
 STATUSES = ("ok", "incorrect", "error", "unavailable", "timeout")
 TIMED_STATUSES = ("ok", "incorrect")  # rows that carry a measured time (an incorrect row is still timed)
@@ -55,8 +57,8 @@ OPTIONAL_ROW_FIELDS = ("gpu_index", "gpu_uuid", "worker")
 # a row is a case and a backend; a file holds at most one row per key. The preset name is not part of
 # it: presets are named hk<h_qk>_hv<h_v> (config.load_presets checks), so h_qk and h_v say the same.
 # beta_profile and h0_scale (the input recipe beyond the gate, qlabench/workload.py) came later: a row
-# without them has the default recipe, KEY_DEFAULTS (workload.DEFAULT_BETA_PROFILE / DEFAULT_H0_SCALE).
-KEY_DEFAULTS = {"beta_profile": "sigmoid", "h0_scale": 1.0}
+# without them has the default recipe, KEY_DEFAULTS (qlabench/recipe.py).
+KEY_DEFAULTS = {"beta_profile": DEFAULT_BETA_PROFILE, "h0_scale": DEFAULT_H0_SCALE}
 CASE_FIELDS = ("phase", "h_qk", "h_v", "pattern", "gate_profile", "dtype", *KEY_DEFAULTS)
 KEY_FIELDS = (*CASE_FIELDS, "backend")
 _INT_KEYS = ("h_qk", "h_v")
@@ -92,11 +94,15 @@ def row_key(row) -> tuple:
 def case_label(row) -> str:
     """`fwd hk16_hv16 1x32768 [bench]`; a dtype other than bfloat16 and a recipe other than the default
     are added (`[qwen beta=near1 h0x100] float16`)."""
-    phase, h_qk, h_v, pattern, gate, dtype, beta, h0 = case_key(row)
+    phase = case_key(row)[0]
+    return f"{phase} {case_name(row)}"
+
+
+def case_name(row) -> str:
+    """case_label without the phase: `hk16_hv16 1x32768 [qwen beta=near1]`."""
+    _, h_qk, h_v, pattern, gate, dtype, beta, h0 = case_key(row)
     preset = row.get("preset") or f"hk{h_qk}_hv{h_v}"
-    recipe = "".join([f" beta={beta}" if beta != KEY_DEFAULTS["beta_profile"] else "",
-                      f" h0x{h0:g}" if h0 != KEY_DEFAULTS["h0_scale"] else ""])
-    return f"{phase} {preset} {pattern} [{gate}{recipe}]" + (f" {dtype}" if dtype != "bfloat16" else "")
+    return f"{preset} {pattern} [{inputs_label(gate, beta, h0)}]" + (f" {dtype}" if dtype != "bfloat16" else "")
 
 
 def row_label(row) -> str:

@@ -176,8 +176,9 @@ def test_plot_names_from_backends_stay_in_the_folder(tmp_path):
     res = _invoke("report", src, "--plots", plots)
     assert res.exit_code == 0, res.output
     written = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())
-    assert written == ["a/b/evil.json", "a/b/plots/heatmap_fwd_vs_x__________escaped.png",
-                       "a/b/plots/latency_fwd.png", "a/b/plots/speedup_fwd.png"]
+    assert written == ["a/b/evil.json", "a/b/plots/accuracy_fwd.png",
+                       "a/b/plots/heatmap_fwd_vs_x__________escaped.png", "a/b/plots/latency_fwd.png",
+                       "a/b/plots/speedup_fwd.png"]
 
 
 # ---- history is linear in rows -------------------------------------------------------------------
@@ -529,3 +530,18 @@ def test_baseline_update_bad_inputs(tmp_path):
     empty = _write(tmp_path / "empty.json", make_results([]))
     _one_line_error(_invoke("baseline", "update", empty, "--gpu", "h200", "--out", out), 2, "no rows")
     assert not out.exists()
+
+
+def test_one_definition_of_a_results_file():
+    import qlabench.gate as G
+    import qlabench.history as H
+    import qlabench.report as REP
+    import qlabench.report.frame as F
+
+    assert F.ResultsError is R.ResultsError and REP.ResultsError is R.ResultsError
+    assert F.SCHEMA is R.SCHEMA and F.TIME_FIELDS is R.TIME_FIELDS and F.CASE_KEY == R.CASE_FIELDS
+    assert G.MATCH_KEY == R.KEY_FIELDS and H.R is R
+    row = make_row("fwd", 16, 16, "1x4096", "qla", 1.0)
+    assert R.row_key(row) == ("fwd", 16, 16, "1x4096", "bench", "bfloat16", "sigmoid", 1.0, "qla")
+    old = {k: v for k, v in row.items() if k not in ("beta_profile", "h0_scale")}  # a file from before them
+    assert R.row_key(old) == R.row_key(row)

@@ -7,7 +7,8 @@ Per phase:
     single-sequence patterns (`1xT`), one panel per preset.
   * ``heatmap_<phase>_vs_<peer>.png``: speedup over one peer, presets x patterns, colour on a log
     scale centred on 1.0x, each cell labelled.
-Titles name the GPU, the phase and the subject; axes carry units.
+Titles name the GPU, the phase and the subject; axes carry units. The accuracy section's plots
+(``accuracy_<phase>.png``, ``drift_<phase>.png``) are drawn by accuracy_plots.py.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import numpy as np
 from matplotlib.colors import TwoSlopeNorm
 from matplotlib.ticker import FuncFormatter
 
+from qlabench.report.accuracy_plots import write_accuracy_plots
 from qlabench.report.tables import PHASE_TITLE, PhaseTable, Report
 
 DPI = 110
@@ -205,7 +207,8 @@ def safe_name(text: str) -> str:
 
 
 def write_plots(report: Report, outdir: str | Path, protect=()) -> dict[str, list[str]]:
-    """Write every plot of ``report`` into ``outdir``; returns file names (relative) per phase.
+    """Write every plot of ``report`` into ``outdir``; returns file names (relative) per phase, and the
+    accuracy plots per ``accuracy_<phase>``.
 
     File names built from phase and backend names are sanitised (``safe_name``) and made unique, every
     file lands directly in ``outdir``, and a path in ``protect`` (the report's input files) is never
@@ -241,6 +244,7 @@ def write_plots(report: Report, outdir: str | Path, protect=()) -> dict[str, lis
             plot_heatmap(report, table, p, target("heatmap", table.phase, "vs", p)) for p in table.peers
         ]
         made[table.phase] = [f.name for f in files if f is not None]
+    made.update(write_accuracy_plots(_gpu(report), report.accuracy, target))  # keys accuracy_<phase>
     return made
 
 

@@ -25,6 +25,13 @@ def pattern_seqlens(pattern: str) -> list[int]:
     if m:
         total, n = int(m.group(1)) * 1024, int(m.group(2))
         return [total // n] * (n - 1) + [total - (total // n) * (n - 1)]
+    body = re.sub(r"\+pad\d+$", "", pattern)  # "N*L" terms and a padding tail (its tokens are not seqlens)
+    if re.fullmatch(r"((\d+\*)?\d+\+)*(\d+\*)?\d+", body):
+        out = []
+        for term in body.split("+"):
+            count, _, length = term.rpartition("*")
+            out += [int(length)] * int(count or 1)
+        return out
     raise ValueError(f"unknown seqlen pattern {pattern!r}")
 
 
@@ -43,9 +50,14 @@ def make_row(
     dtype: str = "bfloat16",
     backend_version: str | None = None,
     timer: str = "cudagraph",
+    errors: dict[str, float | None] | None = None,
+    nonfinite: dict[str, int] | None = None,
+    beta_profile: str = "sigmoid",
+    h0_scale: float = 1.0,
 ) -> dict:
     """One row; ``spread`` puts p20/p80 at median x (1 -/+ spread). Rows that are ok or incorrect carry
-    times (an incorrect row was still timed); error and unavailable rows get null times."""
+    times (an incorrect row was still timed) and ``errors`` (default {"o": 1e-3}; None = non-finite);
+    error and unavailable rows get null times and no errors."""
     seqlens = pattern_seqlens(pattern)
     if status in ("ok", "incorrect") and median_ms is None:
         raise ValueError(f"a {status} row needs median_ms")
@@ -62,6 +74,9 @@ def make_row(
         "total_tokens": sum(seqlens),
         "n_seqs": len(seqlens),
         "gate_profile": gate_profile,
+        "beta_profile": beta_profile,
+        "h0_scale": float(h0_scale),
+        "pad_tokens": int(pad.group(1)) if (pad := re.search(r"\+pad(\d+)$", pattern)) else 0,
         "dtype": dtype,
         "backend": backend,
         "status": status,
@@ -76,7 +91,8 @@ def make_row(
         "l2_policy": "flush",
         "first_call_s": 1.5 if timed else None,
         "peak_mem_mb": 512.0 if timed else None,
-        "errors": {"o": 1e-3} if status in ("ok", "incorrect") else {},
+        "errors": (dict(errors) if errors is not None else {"o": 1e-3}) if timed else {},
+        "nonfinite": dict(nonfinite or {}) if timed else {},
         "message": "" if status == "ok" else f"synthetic {status}",
         "backend_version": backend_version,
         "timestamp": "2026-12-01T00:00:00Z",
@@ -172,3 +188,59 @@ def demo_results(gpu_name: str = "NVIDIA H200") -> dict:
             rows.append(make_row("bwd", hq, hv, pat, "fla", f))
             rows.append(make_row("bwd", hq, hv, pat, "flash_qla", None, status="unavailable"))
     return make_results(rows, gpu_name=gpu_name)
+
+
+_STRESS_BASE = {"o": 4.3e-3, "final_state": 3.7e-3, "dq": 6.1e-3, "dk": 5.9e-3, "dv": 5.2e-3, "dg": 4.4e-3,
+                "dbeta": 5.0e-3, "dh0": 3.1e-3}
+STRESS_PATTERNS = ("1x8192", "512*1", "128*63+128*65", "256*1+64*63+64*65+pad1000")
+DRIFT_LENGTHS = (8192, 16384, 32768, 65536, 131072, 262144)
+
+
+def stress_results(gpu_name: str = "NVIDIA H200", tolerance: float = 2e-2) -> dict:
+    """A document shaped like a run of the ``stress`` sweep, with per-tensor errors (made up, not measured).
+
+    hk2_hv16, fwd and bwd, qla / fla / flash_qla over ``STRESS_PATTERNS`` x gates qwen, extreme, plus two
+    beta / h0 variants; every error near bf16 rounding except: fla's backward dg over the tolerance on
+    every strong-decay case, non-finite (37 NaN/Inf elements) on every second extreme one; flash_qla's
+    forward o on the padded case (0.8). Drift: hk2_hv8 one sequence of 8k-256k tokens under bench and
+    qwen, flash_qla's error growing 1.6x per doubling (over the tolerance from 128k on), the others flat.
+    A row is incorrect when an error is over ``tolerance`` or null.
+    """
+    rows: list[dict] = []
+
+    def add(phase, hq, hv, pattern, backend, errs, nonfinite=None, **kw):
+        tokens = sum(pattern_seqlens(pattern))
+        over = any(e is None or e > tolerance for e in errs.values())
+        ms = tokens / 8192 * {"qla": 0.30, "fla": 0.36, "flash_qla": 0.20}[backend] * (3 if phase == "bwd" else 1)
+        rows.append(make_row(phase, hq, hv, pattern, backend, ms, status="incorrect" if over else "ok",
+                             errors=errs, nonfinite=nonfinite, **kw))
+
+    for phase in ("fwd", "bwd"):
+        tensors = ("o", "final_state") if phase == "fwd" else tuple(_STRESS_BASE)
+        i = 0
+        for pattern in STRESS_PATTERNS:
+            for gate in ("qwen", "extreme"):
+                i += 1
+                for backend, f in (("qla", 1.0), ("fla", 1.02), ("flash_qla", 0.98)):
+                    errs: dict[str, float | None] = {t: _STRESS_BASE[t] * f * (1 + 0.01 * i) for t in tensors}
+                    nonfinite = None
+                    if backend == "fla" and phase == "bwd":
+                        if gate == "extreme" and i % 4 == 2:
+                            errs["dg"], nonfinite = None, {"dg": 37}
+                        else:
+                            errs["dg"] = 0.03 * i
+                    if backend == "flash_qla" and phase == "fwd" and "pad" in pattern:
+                        errs["o"] = 0.8
+                    add(phase, 2, 16, pattern, backend, errs, nonfinite, gate_profile=gate)
+        for backend in ("qla", "fla", "flash_qla"):
+            errs = {t: _STRESS_BASE[t] * 1.1 for t in tensors}
+            add(phase, 2, 16, "1x8192", backend, errs, gate_profile="qwen", beta_profile="near1")
+            add(phase, 2, 16, "512*1", backend, errs, gate_profile="bench", h0_scale=100.0)
+    for gate in ("bench", "qwen"):
+        for k, T in enumerate(DRIFT_LENGTHS):
+            for backend, growth in (("qla", 1.0), ("fla", 1.0), ("flash_qla", 1.6)):
+                errs = {t: _STRESS_BASE[t] * growth**k for t in ("o", "final_state")}
+                add("fwd", 2, 8, f"1x{T}", backend, errs, gate_profile=gate)
+    doc = make_results(rows, gpu_name=gpu_name)
+    doc["run"].update(sweep="stress", tolerance=tolerance, gate_profile="qwen,extreme,bench")
+    return doc

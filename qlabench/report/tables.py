@@ -15,9 +15,12 @@ Layout (text):
     >>> BACKWARD BENCHMARKS
     Model Config   SeqLen   h_qk  h_v  #seq   qla [bwd]   fla [bwd]   Speedup ...
 
-Speedup `vs <peer>` = peer time / subject time (median ms); above 1.0x the subject is faster. A
-cell of a row whose status is not ok shows the status word (`incorrect`, `error`, `unavailable`),
-never a number, and such rows take no part in any speedup.
+Speedup `vs <peer>` = peer time / subject time (median ms); above 1.0x the subject is faster. An
+`incorrect` row (an output over the tolerance or non-finite against the float64 reference) keeps its
+time, flagged `!` (`0.050ms!`), so a kernel that is fast and wrong shows; a row that is `error` or
+`unavailable` shows that word. Neither takes part in any speedup, summary or geomean, and a note under
+the table says so. Tables of cases with more than the default input recipe get an `Inputs` column
+(gate profile, beta profile, h0 scale). After the tables, the accuracy section (accuracy.py).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from typing import Any
 import pandas as pd
 
 from qlabench import roofline
-from qlabench.report import firstcall
+from qlabench.report import accuracy, firstcall
 from qlabench.report.frame import Collected, backends_in_order, collect, dedupe_latest, default_subject
 from qlabench.report.layout import MISSING, PHASE_ORDER, PHASE_TITLE, md_row, phase_heading
 
@@ -61,6 +64,8 @@ class Line:
     speedups: dict[str, float | None] = field(default_factory=dict)  # per peer
     tflops: float | None = None  # subject, implemented FLOPs
     x_floor: float | None = None  # subject time / floor
+    inputs: str = "bench"  # the input recipe in words (recipe.inputs_label)
+    flagged: dict[str, float] = field(default_factory=dict)  # median ms of incorrect rows, per backend
 
 
 @dataclass
@@ -76,6 +81,15 @@ class PhaseTable:
     def lines(self) -> list[Line]:
         return [line for _, lines in self.groups for line in lines]
 
+    @property
+    def show_inputs(self) -> bool:
+        """An Inputs column when any case's recipe is not the default one."""
+        return any(line.inputs != "bench" for line in self.lines)
+
+    @property
+    def has_flagged(self) -> bool:
+        return any(line.flagged for line in self.lines)
+
 
 @dataclass
 class Report:
@@ -86,6 +100,7 @@ class Report:
     peak: roofline.GpuPeak | None
     notes: list[str]
     first_calls: list[firstcall.FirstCallTable] = field(default_factory=list)  # [] when no row has one
+    accuracy: list[accuracy.PhaseAccuracy] = field(default_factory=list)  # [] when no row has errors
 
 
 def _int_or_none(x: Any) -> int | None:
@@ -100,6 +115,10 @@ def _int_or_none(x: Any) -> int | None:
 def _ok_time(row: pd.Series) -> float | None:
     if row["status"] != "ok":
         return None
+    return _timed(row)
+
+
+def _timed(row: pd.Series) -> float | None:
     ms = row.get("median_ms")
     if ms is None or pd.isna(ms) or not ms > 0:
         return None
@@ -153,16 +172,19 @@ def build_report(
     backends = [subject] + peers
     tables = [_phase_table(df, phase, subject, peers, backends, peak) for phase in wanted]
     first_calls = firstcall.build_first_calls(df, wanted, backends)
-    return Report(col, subject, peers, tables, peak, notes, first_calls)
+    tolerances = {src: run["tolerance"] for src, run in zip(col.sources, col.runs) if run.get("tolerance")}
+    acc = accuracy.build_accuracy(df, wanted, backends, tolerances)
+    return Report(col, subject, peers, tables, peak, notes, first_calls, acc)
 
 
 def _phase_table(df, phase, subject, peers, backends, peak) -> PhaseTable:
     sub = df[df["phase"] == phase]
-    case_cols = ["preset", "pattern", "h_qk", "h_v", "gate_profile", "dtype"]
+    case_cols = ["preset", "pattern", "h_qk", "h_v", "dtype"]
     groups: dict[str, list[Line]] = {}
     by_case: dict[tuple, Line] = {}
     for _, row in sub.iterrows():
-        key = tuple(None if pd.isna(row[c]) else row[c] for c in case_cols)
+        inputs = accuracy.row_inputs(row)
+        key = (*(None if pd.isna(row[c]) else row[c] for c in case_cols), inputs)
         line = by_case.get(key)
         if line is None:
             seqlens = row.get("seqlens")
@@ -178,6 +200,7 @@ def _phase_table(df, phase, subject, peers, backends, peak) -> PhaseTable:
                 gate_profile=row["gate_profile"],
                 times={b: None for b in backends},
                 status={b: None for b in backends},
+                inputs=inputs,
             )
             by_case[key] = line
             groups.setdefault(line.preset, []).append(line)
@@ -185,6 +208,8 @@ def _phase_table(df, phase, subject, peers, backends, peak) -> PhaseTable:
         if b in line.status:
             line.status[b] = row["status"]
             line.times[b] = _ok_time(row)
+            if row["status"] == "incorrect" and _timed(row) is not None:
+                line.flagged[b] = _timed(row)
     for line in by_case.values():
         s = line.times[subject]
         for p in peers:
@@ -200,10 +225,22 @@ def _phase_table(df, phase, subject, peers, backends, peak) -> PhaseTable:
 # ---- cell formatting ------------------------------------------------------------------------------
 
 
-def fmt_ms(line: Line, backend: str, unit: bool = True) -> str:
+FLAG = "!"
+FLAG_NOTE = (
+    f"{FLAG} incorrect: an output over the tolerance or non-finite against the float64 reference (see "
+    "Accuracy); its time is shown, but it takes no part in speedups, summaries or geomeans"
+)
+
+
+def fmt_ms(line: Line, backend: str, unit: bool = True, flag: bool = True) -> str:
+    """A backend's median time in a table cell; an incorrect row's time ends in FLAG (``flag=False``: the
+    bare number, for CSV), other statuses show their word."""
     status = line.status.get(backend)
     if status is None:
         return MISSING
+    if status == "incorrect" and backend in line.flagged:
+        t = line.flagged[backend]
+        return (f"{t:.3f}ms" if unit else f"{t:.3f}") + (FLAG if flag else "")
     if status != "ok":
         return status
     t = line.times.get(backend)
@@ -232,6 +269,8 @@ def table_columns(table: PhaseTable) -> list[str]:
         head = ["Model Config", "Seqlens", "h_qk", "h_v"]
     else:
         head = ["Model Config", "SeqLen", "h_qk", "h_v", "#seq"]
+    if table.show_inputs:
+        head.insert(2, "Inputs")
     cols = head + [f"{b} [{tag}]" for b in table.backends] + _speedup_headers(table)
     if table.roofline:
         cols += ["TFLOP/s", "x floor"]
@@ -243,6 +282,8 @@ def table_cells(table: PhaseTable, line: Line, unit: bool = True) -> list[str]:
         head = [line.model or line.preset, line.pattern, str(line.h_qk), str(line.h_v)]
     else:
         head = [line.preset, line.pattern, str(line.h_qk), str(line.h_v), str(line.n_seqs or MISSING)]
+    if table.show_inputs:
+        head.insert(2, line.inputs)
     cells = head + [fmt_ms(line, b, unit) for b in table.backends]
     cells += [fmt_x(line.speedups.get(p)) for p in table.peers]
     if table.roofline:
@@ -317,10 +358,10 @@ def render_text(report: Report) -> str:
             for cells in group:
                 widths = [max(w, len(c)) for w, c in zip(widths, cells)]
 
-        def fmt(cells: list[str], widths: list[int] = widths) -> str:
-            parts = [
-                c.ljust(w) if i < _N_LABEL_COLS else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))
-            ]
+        n_label = _N_LABEL_COLS + table.show_inputs
+
+        def fmt(cells: list[str], widths: list[int] = widths, n_label: int = n_label) -> str:
+            parts = [c.ljust(w) if i < n_label else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))]
             return "  ".join(parts).rstrip()
 
         head = fmt(cols)
@@ -330,7 +371,11 @@ def render_text(report: Report) -> str:
             if gi:
                 out.append("")
             out += [fmt(cells) for cells in group]
+        if table.has_flagged:
+            out.append(FLAG_NOTE)
         out.append("")
+    if report.accuracy:
+        out += ["=" * rule_w, ""] + accuracy.text_lines(report.accuracy)
     if report.first_calls:
         out += ["=" * rule_w, ""] + firstcall.text_lines(report.first_calls)
     if not report.tables:
@@ -358,11 +403,14 @@ def render_markdown(report: Report, plots: dict[str, list[str]] | None = None) -
         out += [f"## {phase_heading(table.phase)}", ""]
         cols = table_columns(table)
         out.append(md_row(cols))
-        out.append("|" + "|".join("---" if i < 2 else "---:" for i in range(len(cols))) + "|")
+        n_label = _N_LABEL_COLS + table.show_inputs
+        out.append("|" + "|".join("---" if i < n_label else "---:" for i in range(len(cols))) + "|")
         for _, lines in table.groups:
             for line in lines:
                 out.append(md_row(table_cells(table, line)))
         out.append("")
+        if table.has_flagged:
+            out += [FLAG_NOTE + ".", ""]
         summary = summarise_table(table)
         if summary:
             out += [f"### Summary: {table.subject} vs peers ({table.phase})", ""]
@@ -388,6 +436,7 @@ def render_markdown(report: Report, plots: dict[str, list[str]] | None = None) -
             out.append("")
         for img in (plots or {}).get(table.phase, []):
             out += [f"![{img}]({img})", ""]
+    out += accuracy.md_lines(report.accuracy, plots)
     out += firstcall.md_lines(report.first_calls)
     for img in (plots or {}).get("all", []):
         out += [f"![{img}]({img})", ""]
@@ -409,6 +458,7 @@ def render_csv(report: Report) -> str:
     roof = report.peak is not None
     if roof:
         head += ["tflops", "x_floor"]
+    head += ["inputs"] + [f"{b}_status" for b in backends]  # an incorrect row's _ms is its (flagged) time
     w.writerow(head)
     for table in report.tables:
         for line in table.lines:
@@ -418,13 +468,14 @@ def render_csv(report: Report) -> str:
                 line.total_tokens or "",
                 line.gate_profile or "",
             ]
-            row += [fmt_ms(line, b, unit=False) if line.status.get(b) else "" for b in backends]
+            row += [fmt_ms(line, b, unit=False, flag=False) if line.status.get(b) else "" for b in backends]
             row += [f"{line.speedups[p]:.4f}" if line.speedups.get(p) else "" for p in report.peers]
             if roof:
                 row += [
                     f"{line.tflops:.2f}" if line.tflops else "",
                     f"{line.x_floor:.4f}" if line.x_floor else "",
                 ]
+            row += [line.inputs] + [line.status.get(b) or "" for b in backends]
             w.writerow(row)
     return buf.getvalue()
 
@@ -461,10 +512,13 @@ def render_html(report: Report) -> str:
             for line in lines:
                 out.append("<tr>")
                 for i, c in enumerate(table_cells(table, line)):
-                    cls = "l" if i < 2 else ("bad" if c in ("incorrect", "error", "unavailable") else "")
+                    bad = c in ("incorrect", "error", "unavailable") or c.endswith(FLAG)
+                    cls = "l" if i < 2 + table.show_inputs else ("bad" if bad else "")
                     out.append(f"<td class='{cls}'>{e(c)}</td>")
                 out.append("</tr>")
         out.append("</table>")
+        if table.has_flagged:
+            out.append(f"<p>{e(FLAG_NOTE)}.</p>")
         summary = summarise_table(table)
         if summary:
             out.append(
@@ -478,6 +532,7 @@ def render_html(report: Report) -> str:
                     f"<td>{fmt_x(s.geomean)}</td><td>{ci}</td><td>{fmt_x(s.worst)}</td><td>{fmt_x(s.best)}</td></tr>"
                 )
             out.append("</table>")
+    out += accuracy.html_lines(report.accuracy)
     out += firstcall.html_lines(report.first_calls)
     out.append("</body></html>")
     return "\n".join(out) + "\n"

@@ -36,12 +36,18 @@ def test_presets_grouped_with_blank_lines():
     assert lines[blank[0] + 1].startswith("35B/9B/4B TP1")
 
 
-def test_status_words_never_numbers_and_excluded_from_speedups():
+def test_incorrect_keeps_its_time_flagged_and_no_row_but_ok_has_a_speedup():
     text = format_h200_tables(demo_results())
     row = next(ln for ln in text.splitlines() if "1x2048" in ln).split()
-    # qla incorrect (it has a time, 0.050, which must not show), flash_qla error
-    assert row[5] == "incorrect" and row[7] == "error" and "0.050ms" not in text
+    # qla incorrect: its time shows, flagged; flash_qla error: the word
+    assert row[5] == "0.050ms!" and row[7] == "error"
     assert row[8] == "-" and row[9] == "-"
+    fwd = text.split(">>> FORWARD BENCHMARKS", 1)[1].split("====", 1)[0]
+    assert "! incorrect: an output over the tolerance or non-finite" in fwd and "geomeans" in fwd
+    assert "! incorrect" not in text.split(">>> BACKWARD BENCHMARKS", 1)[1].split("====", 1)[0]
+    # the summary leaves the incorrect case out: 8 compared of 9
+    md = render(build_report(demo_results()), "md")
+    assert "| overall | fla | 8 |" in md and "0.050ms!" in md and "no part in speedups" in md
     bwd = _table_lines(text, "BACKWARD")
     assert all("unavailable" in ln for ln in bwd if ln.strip())
     first = bwd[0].split()
@@ -92,9 +98,11 @@ def test_markdown_csv_html_carry_the_same_content():
     r = next(x for x in rows if x["phase"] == "fwd" and x["pattern"] == "1x32768" and x["h_v"] == "16")
     assert r["qla_ms"] == "0.378" and float(r["vs_fla"]) == pytest.approx(1.231 / 0.378, rel=1e-3)
     bad = next(x for x in rows if x["pattern"] == "1x2048")
-    assert bad["qla_ms"] == "incorrect" and bad["vs_fla"] == ""
+    assert bad["qla_ms"] == "0.050" and bad["qla_status"] == "incorrect" and bad["vs_fla"] == ""
+    assert bad["flash_qla_ms"] == "error" and bad["fla_status"] == "ok" and bad["inputs"] == "bench"
     html = render(rep, "html")
-    assert "<table>" in html and "incorrect" in html and "3.26x" in html
+    assert "<table>" in html and "<td class='bad'>0.050ms!</td>" in html and "3.26x" in html
+    assert "no part in speedups" in html
 
 
 def test_several_files_combine(tmp_path):
