@@ -60,8 +60,8 @@ def pytest_runtest_makereport(item, call):
     seed = getattr(item, "_qlabench_seed", None)
     if seed is None or not rep.failed:
         return
-    rep.sections.append(("seed", f"inputs seeded with {seed} (crc32 of the node id + QLABENCH_TEST_SEED="
-                                 f"{os.environ.get('QLABENCH_TEST_SEED', '0')})"))
+    base = os.environ.get("QLABENCH_TEST_SEED", "0")
+    rep.sections.append(("seed", f"inputs seeded with {seed} (crc32 of the node id + QLABENCH_TEST_SEED={base})"))
     crash = getattr(rep.longrepr, "reprcrash", None)
     if crash is not None and not crash.message.startswith("[seed"):
         crash.message = f"[seed {seed}] {crash.message}"

@@ -6,11 +6,11 @@ their cast, and the zero padding tail (a slice memset of the tail rows). The mat
 for step, is in ``emulate_bwd.py``:
 
     bwd_prepare  grid (NCmax, H_v)       per chunk: Pg, Ag (bf16 C x C masks), factors e, r, beta
-    bwd_h        grid (V / BV, N * H_v)  forward over chunks: h (state at every chunk start);
-                                         on sm90 the forward's warp-specialized recurrence
-                                         (``hopper/chunk_fwd_ws.py`` with store_h, its o into a
-                                         scratch buffer: `h_recompute_kernel`), elsewhere
-                                         ``bwd_h_pipelined.py`` (TMA ring, 256 + 128 threads)
+    bwd_h        grid (V / BV, N * H_v)  forward over chunks: h (state at every chunk start) and
+                                         nothing else; on sm90 ``hopper/bwd_h_ws.py`` (warp-
+                                         specialized, the state-independent factor K^T A_k diag(beta)
+                                         formed off the serial chain), on sm100
+                                         ``blackwell/bwd_h_pipelined.py``
     bwd_dh       grid (V / BV, N * H_v)  reverse over chunks: dh (state grad at every chunk end), dv,
                                          dV', dh0; ``hopper/bwd_dh_pipelined.py`` (reads Pg, Ag and
                                          the factors: no exp or mask in the serial loop)
@@ -22,7 +22,7 @@ for step, is in ``emulate_bwd.py``:
 
 V tile BV of bwd_h and bwd_dh (`_value_tile`): their N * H_v (sequence, v-head) pairs each walk all
 of the sequence's chunks in order, so with few pairs the grid leaves most SMs idle; BV = 32 (when
-N * H_v < SMs / 2, forward.value_tile's rule) doubles the blocks, BV = 64 otherwise. sm100's tcgen05
+the BV = 32 grid fits one wave, forward.value_tile's rule) doubles the blocks, BV = 64 otherwise. sm100's tcgen05
 versions take BV = 64 only. Both tiles compute the same values (every term is per V column).
 
 Kernels keep every state in the `[K, V]` layout; for ``state_v_first`` the host transposes the
@@ -35,7 +35,7 @@ from __future__ import annotations
 import torch
 
 from .common.chunks import chunk_table
-from .dispatch import arch_by_name, arch_for_device, env_choice, has_kernel, kernel_factory, require_backward
+from .dispatch import arch_by_name, arch_for_device, env_choice, kernel_factory, require_backward
 from .validate import validate
 
 __all__ = ["chunk_gated_delta_rule_bwd", "compile_backward_kernels"]
@@ -127,26 +127,6 @@ def _dh_role(arch) -> str:
     return "bwd_dh_ws" if env_choice("QLABENCH_BWD_DH", ("auto", "ws", "pipelined"), "auto") == "ws" else "bwd_dh"
 
 
-def h_recompute_kernel(h_qk: int, h_v: int, dtype: str, arch: str, bv: int):
-    """The forward's warp-specialized recurrence (hopper/chunk_fwd_ws.py, key-first layout, the same
-    compiled kernel as the forward's at this V tile) when it recomputes h in place of bwd_h, else None.
-
-    Where the arch has it (sm90) it is the default: it computes the same states (S at every chunk
-    start, from h0, with the Ag that bwd_prepare forms) with only the state path on its critical path;
-    bwd_h is the TMA-pipelined recurrence without warp roles (the forward's measured 0.82 vs 0.98 ms at
-    1x32768 hk16_hv16). Its o output, a by-product here, goes to a scratch buffer (dv's, before bwd_dh
-    writes dv). QLABENCH_BWD_H=pipelined forces bwd_h (the A/B switch).
-    """
-    choice = env_choice("QLABENCH_BWD_H", ("auto", "ws", "pipelined"), "auto")
-    a = arch_by_name(arch)
-    if choice == "pipelined" or not has_kernel(a, "chunk_fwd_ws"):
-        if choice == "ws":
-            raise ValueError(f"QLABENCH_BWD_H=ws: {a.name} has no chunk_fwd_ws")
-        return None
-    return kernel_factory(a, "chunk_fwd_ws")(h_qk, h_v, _HEAD_DIM, _HEAD_DIM, bv, a.chunk_size, dtype, False,
-                                              a.name)
-
-
 def compile_backward_kernels(h_qk, h_v, scale=None, dtype="bfloat16", state_v_first=False, target="sm90", *,
                              bv=_BV):
     """Compiles every backward kernel of one configuration for ``target`` (no GPU needed).
@@ -227,9 +207,6 @@ def chunk_gated_delta_rule_bwd(q, k, v, g_cumsum, beta, A, do, dht=None, scale=N
 
     bv = _value_tile(p.N * p.h_v, _sm_count(q.device), arch.name)
     kernels = _kernels(p.h_qk, p.h_v, _DTYPE_NAMES[q.dtype], arch.name, bv)
-    h_ws = h_recompute_kernel(p.h_qk, p.h_v, _DTYPE_NAMES[q.dtype], arch.name, bv)
-    if h_ws is not None:
-        kernels = {**kernels, "h_ws": h_ws}
     return _bwd_impl(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, state_v_first,
                      arch.chunk_size, kernels)
 
@@ -286,11 +263,7 @@ def _bwd_impl(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens,
     Ag = _alloc((BT, H, C), dtype, dev)
     fac = _alloc((ncmax, H, 3, C), f32, dev)
     kernels["bwd_prepare"](q2, k2, g2, b2, A2, bounds, Pg, Ag, fac, p.scale)
-    if "h_ws" in kernels:  # h by the forward's warp-specialized recurrence (store_h); its o -> dv scratch
-        no_skip = torch.empty(1, H, dtype=torch.int32, device=dev)  # has_skip = 0: never read
-        kernels["h_ws"](q2, k2, v2, g2, Ag, Pg, cu, offsets, no_skip, h0, dv, dh0, h, p.scale, 1, 0, 1, 0)
-    else:
-        kernels["bwd_h"](k2, v2, A2, fac, cu, offsets, h0, h)
+    kernels["bwd_h"](k2, v2, A2, fac, cu, offsets, h0, h)
     kernels["bwd_dh"](q2, k2, do2, Pg, Ag, fac, cu, offsets, dht2, dh, dvp, dv, dh0, p.scale)
     del Pg, Ag, fac
 

@@ -60,7 +60,7 @@ _HOPPER_FORWARD = {
 }
 _HOPPER_BACKWARD = {
     "bwd_prepare": "hopper.bwd_prepare:bwd_prepare_kernel",
-    "bwd_h": "hopper.bwd_h_pipelined:bwd_h_pipelined_kernel",
+    "bwd_h": "hopper.bwd_h_ws:bwd_h_ws_kernel",
     "bwd_dh": "hopper.bwd_dh_pipelined:bwd_dh_pipelined_kernel",
     "bwd_state": "hopper.bwd_state:bwd_state_kernel",
     "bwd_intra": "hopper.bwd_intra:bwd_intra_kernel",
@@ -128,7 +128,7 @@ def has_kernel(arch: Arch | str, role: str) -> bool:
 def env_choice(var: str, choices: tuple[str, ...], default: str) -> str:
     """The value of the environment switch ``var`` (``default`` when unset), read at call time; a
     value outside ``choices`` raises ValueError naming it. The kernels' A/B switches (QLABENCH_CP,
-    QLABENCH_FWD_KERNEL, QLABENCH_KKT, QLABENCH_BWD_H, QLABENCH_BWD_DH) all read through here."""
+    QLABENCH_FWD_KERNEL, QLABENCH_KKT, QLABENCH_BWD_DH) all read through here."""
     import os
 
     value = os.environ.get(var, default)

@@ -13,7 +13,8 @@ start, dS = gradient of the state at the chunk end, A = gate-free A_k):
 
     kernel bwd_prepare (one block per chunk, every chunk in parallel; ``_emu_masks``):
         Pg = scale Gam .* Q K^T;  Ag = Gam .* A .* beta_col   (bf16);  factors e, r, beta (fp32)
-    kernel bwd_h (forward order, V-tiled; ``hopper/bwd_h_pipelined.py``):
+    kernel bwd_h (forward order, V-tiled; ``blackwell/bwd_h_pipelined.py``; ``hopper/bwd_h_ws.py`` computes
+    the same states with K^T A_k diag(beta) formed first, so its bf16 staging differs):
         h[c] = S;  Y = diag(r) V - exp(gam_C) K S;  S = exp(gam_C) S + K^T (A diag(beta)) Y
     kernel bwd_dh (reverse order, V-tiled, reads Pg, Ag and the factors; ``hopper/bwd_dh_pipelined.py``):
         dh[c] = dS;  dV' = diag(r) K dS + Pg^T dO;  dv = Ag^T dV';  dU = -diag(e) dv

@@ -19,8 +19,15 @@ _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
 def value_tile(n_blocks: int, sm_count: int = 132) -> int:
-    """V tile width: wide tiles when the (sequence, head) blocks alone fill the GPU, narrow otherwise."""
-    return 64 if n_blocks >= sm_count // 2 else 32
+    """V tile width of the chunk recurrences for ``n_blocks`` (sequence or piece, v-head) chains: 32
+    when the BV = 32 grid (4 blocks per chain) fits in one wave, else 64.
+
+    The recurrences (chunk_fwd_ws, bwd_h_ws, bwd_dh_pipelined) take over 113 KB of shared memory at
+    either tile, so one block per SM: a grid past the SM count runs in two waves. Measured on the H200
+    (bwd_h_ws, 1x32768): hk16_hv16 (64 blocks at BV 32) 876 vs 1040 us at BV 64; hk16_hv64 (256
+    blocks at BV 32, two waves) 1733 vs 1020 us at BV 64. (The rule was 'BV 32 below SMs / 2 chains',
+    which sent 33-65 chains into two waves.)"""
+    return 32 if 4 * n_blocks <= sm_count else 64
 
 
 def chunk_gated_delta_rule_fwd(

@@ -16,10 +16,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from .test_backward_gpu import NAMES, TOL, _varlen, check_backward, make_inputs, reference_grads, rel_l2
-from .test_backward_gpu import nan_buffers  # noqa: F401 (the fixture)
+from .test_backward_gpu import (
+    NAMES,
+    TOL,
+    _varlen,
+    check_backward,
+    make_inputs,
+    nan_buffers,  # noqa: F401 (the fixture)
+    reference_grads,
+    rel_l2,
+)
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("nan_buffers")]
 SEEDS = range(32)
 LENGTHS, TAIL = [300, 1, 64, 129, 65], 37
 
@@ -46,7 +54,7 @@ def _flash_qla_errors(fn, inp, do):
 
 
 @pytest.mark.parametrize("h", [1, 4], ids=["H1-HV1", "H4-HV4"])
-def test_dg_strong_decay_32_seeds(h, nan_buffers):
+def test_dg_strong_decay_32_seeds(h):
     cu, T = _varlen(LENGTHS, tail=TAIL)
     fq = _flash_qla()
     ours, theirs, failures = [], [], []

@@ -1,6 +1,7 @@
 """bwd_h_pipelined for sm100 / sm103: recompute the per-chunk start states h for the backward, with the
 three products per chunk as tcgen05 MMAs into tensor memory; one block per (sequence, v-head, V tile).
-Same signature, inputs and outputs as hopper/bwd_h_pipelined.py.
+Same signature, inputs and outputs as hopper/bwd_h_ws.py (sm90's bwd_h, which forms K^T A_k diag(beta)
+first in a warpgroup of its own; this file keeps the three-product chain below).
 
 Formula per chunk (gate-free A_k; r = exp(gam_C - gam), exp(gam_C) and beta (zero past the sequence
 end) come from bwd_prepare's per-chunk factor table F: F[0] = e (F[0, C-1] = exp(gam_C)), F[1] = r,
@@ -37,7 +38,7 @@ mma.sync and no wgmma; SASS (cuobjdump -sass, hk1_hv2 bf16):
 Checked on every CI run by tests/kernels/test_aot_blackwell.py (source; SASS where cuobjdump is
 installed). Shared memory per block as compiled: 108,544 B.
 The loads and elementwise steps that do not depend on how products are issued are TileLang macros
-in common/bwd_h.py, shared with hopper/bwd_h_pipelined.py.
+in common/bwd_h.py.
 """
 
 import functools

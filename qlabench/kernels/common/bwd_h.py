@@ -1,6 +1,6 @@
 """The per-chunk loads and elementwise steps of bwd_h_pipelined that do not depend on how products
-are issued (TileLang macros used by hopper/bwd_h_pipelined.py and blackwell/bwd_h_pipelined.py,
-inside their T.Pipelined chunk loops; the formulas are in the Hopper file's header), and the block's
+are issued (TileLang macros used by blackwell/bwd_h_pipelined.py inside its T.Pipelined chunk loop;
+the formulas are in that file's header), and the block's
 sequence / head / V-tile indices (``sequence_block``), which bwd_dh_pipelined.py shares. Parameter names
 match the kernels' own names on purpose: TileLang names a buffer or variable passed to a macro after
 the parameter, so equal names keep the generated CUDA of both kernels exactly as it was before these
