@@ -541,6 +541,8 @@ def baseline_update_cmd(results, gpu, backends, out_file) -> None:
 @click.option("--plot", "plot_file", type=click.Path(dir_okay=False), default=None, help="Write a PNG here.")
 def history_cmd(results_dir, cfg, phases, subject, gpu, min_effect, plot_file) -> None:
     """The subject's time and ratios per case across runs, with step detection and attribution."""
+    from pathlib import Path
+
     from qlabench.gate import parse_percent
     from qlabench.history import build_history, format_history, load_runs, plot_history
 
@@ -552,6 +554,8 @@ def history_cmd(results_dir, cfg, phases, subject, gpu, min_effect, plot_file) -
             if not runs:
                 raise ValueError(f"no runs on a GPU matching {gpu!r} under {results_dir!r}")
         gpus = sorted({str(r.env.get("gpu_name")) for r in runs})
+        if plot_file and Path(plot_file).resolve() in {Path(r.path).resolve() for r in runs}:
+            raise ValueError(f"--plot {plot_file} is one of the results files read; refusing to overwrite it")
         if len(gpus) > 1:
             raise ValueError(f"{results_dir!r} mixes GPU models ({', '.join(gpus)}); pick one with --gpu")
         hist = build_history(runs, subject=subject, cfg=list(cfg), phases=list(phases) or None,

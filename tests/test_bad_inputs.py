@@ -181,6 +181,15 @@ def test_plot_names_from_backends_stay_in_the_folder(tmp_path):
                        "a/b/plots/speedup_fwd.png"]
 
 
+def test_history_plot_refuses_to_overwrite_a_results_file(tmp_path):
+    d = tmp_path / "hist"
+    d.mkdir()
+    run = _write(d / "run.json", make_results(_rows()))
+    before = run.read_bytes()
+    _one_line_error(_invoke("history", d, "--plot", run), 2, "refusing to overwrite", str(run))
+    assert run.read_bytes() == before
+
+
 # ---- history is linear in rows -------------------------------------------------------------------
 
 
