@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import torch
 
+from .options import KernelOptions
 from .validate import validate
 
-__all__ = ["chunk_gated_delta_rule", "kernels_available"]
+__all__ = ["KernelOptions", "chunk_gated_delta_rule", "kernels_available"]
 
 
 def kernels_available(device=None) -> tuple[bool, str]:
@@ -35,9 +36,9 @@ def _l2norm(x: torch.Tensor) -> torch.Tensor:
 CP_MODES = ("auto", "on", "off")
 
 
-def cp_mode() -> str:
-    """Intra-card CP switch of the forward and its backward, from QLABENCH_CP: off (the default), auto (the plan's
-    enable rule, cp.py) or on (always plan pieces).
+def cp_mode(options: KernelOptions | None = None) -> str:
+    """Intra-card CP switch of the forward and its backward: ``options.cp``, or without options
+    QLABENCH_CP: off (the default), auto (the plan's enable rule, cp.py) or on (always plan pieces).
 
     Off by default because it does not pay yet: on the H200 (results/h200/2026-11-29_8e6cbaf/
     fwd-variants-cp.log) the CP forward is correct on every GPU test but, where cp.py's rule turns it
@@ -46,12 +47,15 @@ def cp_mode() -> str:
     0.44 ms): its fallback heads still run whole pieces twice, and the correction adds ~0.2 ms of
     small launches.
     """
+    if options is not None:
+        return options.cp
     from .dispatch import env_choice
 
     return env_choice("QLABENCH_CP", CP_MODES, "off")
 
 
-def _forward(q, k, v, g, beta, *, scale, initial_state, cu_seqlens, output_final_state, output_h, state_v_first):
+def _forward(q, k, v, g, beta, *, scale, initial_state, cu_seqlens, output_final_state, output_h, state_v_first,
+             options: KernelOptions | None = None):
     """The forward kernels, with intra-card CP (forward_cp.py) when the plan turns it on.
 
     Returns chunk_gated_delta_rule_fwd's five entries plus ``cp`` = (plan, h0_pieces) when CP ran,
@@ -59,24 +63,26 @@ def _forward(q, k, v, g, beta, *, scale, initial_state, cu_seqlens, output_final
     """
     from .forward import chunk_gated_delta_rule_fwd
 
-    plan = _cp_plan(q, v, cu_seqlens) if not output_h else None
+    plan = _cp_plan(q, v, cu_seqlens, options) if not output_h else None
     if plan is not None:
         from .forward_cp import chunk_gated_delta_rule_fwd_cp
 
         *out, h0_pieces = chunk_gated_delta_rule_fwd_cp(
             q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
             output_final_state=output_final_state, state_v_first=state_v_first, plan=plan,
-            transition="always", return_piece_states=True)  # "always": no host read, capturable
+            transition="always", return_piece_states=True, options=options)  # "always": no host read
         return (*out, (plan, h0_pieces))
     out = chunk_gated_delta_rule_fwd(
         q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
-        output_final_state=output_final_state, output_h=output_h, state_v_first=state_v_first)
+        output_final_state=output_final_state, output_h=output_h, state_v_first=state_v_first,
+        options=options)
     return (*out, None)
 
 
-def _cp_plan(q, v, cu_seqlens):
-    """The CP plan of a call when QLABENCH_CP and the plan's rule turn CP on, else None."""
-    mode = cp_mode()
+def _cp_plan(q, v, cu_seqlens, options: KernelOptions | None = None):
+    """The CP plan of a call when the cp option (QLABENCH_CP without options) and the plan's rule
+    turn CP on, else None."""
+    mode = cp_mode(options)
     if mode == "off":
         return None
     from .cp import plan_cp
@@ -95,11 +101,14 @@ class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
     `backward_cp.chunk_gated_delta_rule_bwd_cp` over the forward's pieces when the forward ran CP."""
 
     @staticmethod
-    def forward(ctx, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, state_v_first):
+    def forward(ctx, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, state_v_first,
+                options=None):
         g_cumsum, A, o, _, final_state, ctx.cp = _forward(
             q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
             output_final_state=output_final_state, output_h=False, state_v_first=state_v_first,
+            options=options,
         )
+        ctx.options = options  # the backward runs the variants the forward was called with
         ctx.save_for_backward(q, k, v, g_cumsum, beta, A, initial_state, cu_seqlens)
         ctx.scale = scale
         ctx.state_v_first = state_v_first
@@ -113,7 +122,7 @@ class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
         q, k, v, g_cumsum, beta, A, initial_state, cu_seqlens = ctx.saved_tensors
         args = (q, k, v, g_cumsum, beta, A, do.contiguous(), dht)
         kw = {"scale": ctx.scale, "initial_state": initial_state, "cu_seqlens": cu_seqlens,
-              "state_v_first": ctx.state_v_first}
+              "state_v_first": ctx.state_v_first, "options": getattr(ctx, "options", None)}
         if ctx.cp is not None:  # the forward ran CP: the backward mirrors it over the same pieces
             from .backward_cp import chunk_gated_delta_rule_bwd_cp
 
@@ -123,12 +132,12 @@ class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
         else:
             dq, dk, dv, dbeta, dg, dh0 = chunk_gated_delta_rule_bwd(*args, **kw)
         return (dq, dk, dv, dg.to(ctx.g_dtype), dbeta.to(beta.dtype), None,
-                dh0 if initial_state is not None else None, None, None, None)
+                dh0 if initial_state is not None else None, None, None, None, None)
 
 
 def chunk_gated_delta_rule(
     q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-    use_qk_l2norm_in_kernel=False, cu_seqlens=None, state_v_first=False,
+    use_qk_l2norm_in_kernel=False, cu_seqlens=None, state_v_first=False, options: KernelOptions | None = None,
 ):
     """Gated DeltaNet over packed or dense sequences, on our TileLang kernels.
 
@@ -140,6 +149,8 @@ def chunk_gated_delta_rule(
         output_final_state: also return the state after the last token of each sequence.
         use_qk_l2norm_in_kernel: L2-normalise q and k first.
         cu_seqlens: `[N + 1]` int32/int64 sequence boundaries (B must be 1).
+        options: the kernel variants (`KernelOptions`); None: read once here from the QLABENCH_*
+            switches (unset: the default kernels), and the backward runs the same ones.
 
     Returns:
         (o `[B, T, H_v, V]` in q's dtype, final_state `[N, H_v, K, V]` fp32 or None)
@@ -148,6 +159,10 @@ def chunk_gated_delta_rule(
         ValueError / TypeError for bad input (naming the argument and value), and ValueError when
         the tensors are not on a CUDA device with kernels (use `reference` on the CPU).
     """
+    if options is None:
+        options = KernelOptions.from_env()
+    elif not isinstance(options, KernelOptions):
+        raise TypeError(f"options must be a qlabench.kernels.KernelOptions, got {type(options).__name__}")
     p = validate(q, k, v, g, beta, scale, initial_state, cu_seqlens, state_v_first, for_kernels=True)
     from .dispatch import arch_for_device
 
@@ -155,6 +170,6 @@ def chunk_gated_delta_rule(
     if use_qk_l2norm_in_kernel:
         q, k = _l2norm(q), _l2norm(k)
     o, final_state = ChunkGatedDeltaRuleFunction.apply(
-        q, k, v, g, beta, p.scale, initial_state, bool(output_final_state), cu_seqlens, state_v_first,
+        q, k, v, g, beta, p.scale, initial_state, bool(output_final_state), cu_seqlens, state_v_first, options,
     )
     return o, (final_state if output_final_state else None)

@@ -98,9 +98,9 @@ def _value_tile(n_seq_heads: int, sm_count: int, arch: str) -> int:
     return bv if bv in tiles else tiles[-1]
 
 
-def _kernels(h_qk: int, h_v: int, dtype: str, arch: str, bv: int = _BV) -> dict:
+def _kernels(h_qk: int, h_v: int, dtype: str, arch: str, bv: int = _BV, bwd_dh: str | None = None) -> dict:
     """The compiled kernels of one configuration (each factory is lru_cached), in launch order;
-    ``bv`` is the V tile of bwd_h and bwd_dh (one of `value_tiles`)."""
+    ``bv`` is the V tile of bwd_h and bwd_dh (one of `value_tiles`); ``bwd_dh`` as `_dh_role`."""
     a = arch_by_name(arch)
     require_backward(a)  # NotImplementedError on sm120 (forward only)
     if bv not in _VALUE_TILES[a.name]:
@@ -114,17 +114,24 @@ def _kernels(h_qk: int, h_v: int, dtype: str, arch: str, bv: int = _BV) -> dict:
     return {
         "bwd_prepare": f("bwd_prepare")(h_qk, h_v, K, C, dtype, a.name),
         "bwd_h": f("bwd_h")(h_qk, h_v, K, V, bv, C, dtype, a.name),
-        "bwd_dh": f(_dh_role(a))(h_qk, h_v, K, V, bv, C, dtype, a.name),
+        "bwd_dh": f(_dh_role(a, bwd_dh))(h_qk, h_v, K, V, bv, C, dtype, a.name),
         "bwd_state": f("bwd_state")(h_qk, h_v, K, V, C, dtype, a.name),
         "bwd_intra": f("bwd_intra")(h_qk, h_v, K, C, dtype, a.name,
                                     out_dtype=_intra_out_dtype(h_qk, h_v, dtype)),
     }
 
 
-def _dh_role(arch) -> str:
+_DH_CHOICES = ("auto", "ws", "pipelined")
+
+
+def _dh_role(arch, bwd_dh: str | None = None) -> str:
     """bwd_dh's file: hopper/bwd_dh_ws.py (manually warp-specialized, same signature) when
-    QLABENCH_BWD_DH=ws (opt-in; sm90 only: elsewhere kernel_factory raises), else the arch's bwd_dh."""
-    return "bwd_dh_ws" if env_choice("QLABENCH_BWD_DH", ("auto", "ws", "pipelined"), "auto") == "ws" else "bwd_dh"
+    ``bwd_dh`` (KernelOptions.bwd_dh; None: QLABENCH_BWD_DH) is ws (opt-in; sm90 only: elsewhere
+    kernel_factory raises), else the arch's bwd_dh."""
+    choice = env_choice("QLABENCH_BWD_DH", _DH_CHOICES, "auto") if bwd_dh is None else bwd_dh
+    if choice not in _DH_CHOICES:
+        raise ValueError(f"bwd_dh must be one of {', '.join(_DH_CHOICES)}, got {choice!r}")
+    return "bwd_dh_ws" if choice == "ws" else "bwd_dh"
 
 
 def compile_backward_kernels(h_qk, h_v, scale=None, dtype="bfloat16", state_v_first=False, target="sm90", *,
@@ -181,7 +188,7 @@ def _check_inputs(q, k, v, g_cumsum, beta, A, do, dht, scale, initial_state, cu_
 
 
 def chunk_gated_delta_rule_bwd(q, k, v, g_cumsum, beta, A, do, dht=None, scale=None, initial_state=None,
-                               cu_seqlens=None, state_v_first=False):
+                               cu_seqlens=None, state_v_first=False, *, options=None):
     """Backward kernels without autograd (Hopper).
 
     Args:
@@ -192,6 +199,8 @@ def chunk_gated_delta_rule_bwd(q, k, v, g_cumsum, beta, A, do, dht=None, scale=N
             or None (zero).
         initial_state: like dht, or None.
         cu_seqlens: `[N + 1]` int32/int64 boundaries of packed sequences (B must be 1) or None.
+        options: `options.KernelOptions` (its ``bwd_dh`` picks the reverse pass); None: the
+            QLABENCH_BWD_DH switch, read here.
 
     Returns:
         (dq `[B, T, H_qk, K]`, dk `[B, T, H_qk, K]`, dv `[B, T, H_v, V]` in q's dtype,
@@ -206,7 +215,8 @@ def chunk_gated_delta_rule_bwd(q, k, v, g_cumsum, beta, A, do, dht=None, scale=N
     from .forward import _sm_count
 
     bv = _value_tile(p.N * p.h_v, _sm_count(q.device), arch.name)
-    kernels = _kernels(p.h_qk, p.h_v, _DTYPE_NAMES[q.dtype], arch.name, bv)
+    kernels = _kernels(p.h_qk, p.h_v, _DTYPE_NAMES[q.dtype], arch.name, bv,
+                       None if options is None else options.bwd_dh)
     return _bwd_impl(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, state_v_first,
                      arch.chunk_size, kernels)
 

@@ -1,8 +1,8 @@
 """Backward with intra-card context parallelism (CP), built only from the existing kernels.
 
-NOT YET VERIFIED ON HARDWARE and not used by the public API (`ChunkGatedDeltaRuleFunction`): the
-next GPU session runs tests/kernels/test_backward_cp_gpu.py (device CP backward against the plain
-device backward and the float64 reference), measures it, and only then wires it in. The CPU tests
+The public API's backward (`ChunkGatedDeltaRuleFunction`) runs it whenever its forward ran CP
+(KernelOptions.cp / QLABENCH_CP), over the forward's pieces. tests/kernels/test_backward_cp_gpu.py
+checks it on the GPU against the plain device backward and the float64 reference; the CPU tests
 (tests/kernels/test_backward_cp.py) run this exact orchestration with the float64 twins of the
 kernels (`emulate_bwd.KERNEL_TWINS`, `emulate_fwd.TWIN_KERNELS`).
 
@@ -115,6 +115,7 @@ def chunk_gated_delta_rule_bwd_cp(
     q, k, v, g_cumsum, beta, A, do, dht=None, scale=None, initial_state=None, cu_seqlens=None,
     state_v_first=False, plan: CPPlan | None = None, decay_threshold: float | None = -10.0, *,
     h0_pieces: torch.Tensor | None = None, plan_heads: int | None = None, transition: str = "auto",
+    options=None,
 ):
     """`backward.chunk_gated_delta_rule_bwd` with intra-card CP (see the module docstring).
 
@@ -125,6 +126,8 @@ def chunk_gated_delta_rule_bwd_cp(
         h0_pieces: the initial state of every piece of ``plan`` from the CP forward
             (`[P, H_v, K, V]`, `[P, H_v, V, K]` with ``state_v_first``), or None: recomputed here.
         plan_heads, transition: as forward_cp.chunk_gated_delta_rule_fwd_cp.
+        options: `options.KernelOptions` (``bwd_dh`` picks the reverse pass, ``fwd_kernel`` the
+            recurrence of the S_in recompute); None: the QLABENCH_BWD_DH / QLABENCH_FWD_KERNEL switches.
 
     Returns:
         (dq, dk, dv, dbeta, dg, dh0) exactly as chunk_gated_delta_rule_bwd.
@@ -144,8 +147,10 @@ def chunk_gated_delta_rule_bwd_cp(
                        B=p.B, T=p.T, device=q.device)
     # one V tile for bwd_h / bwd_dh from the grid of the pieces' final pass (P * H_v blocks per tile)
     bv = backward._value_tile(plan.n_pieces * p.h_v, sms, arch.name)
-    kernels = BackwardCPKernels(backward._kernels(p.h_qk, p.h_v, backward._DTYPE_NAMES[q.dtype], arch.name, bv),
-                                _device_kernels(arch) if h0_pieces is None else None)
+    bwd_dh, fwd_kernel = (None, None) if options is None else (options.bwd_dh, options.fwd_kernel)
+    kernels = BackwardCPKernels(backward._kernels(p.h_qk, p.h_v, backward._DTYPE_NAMES[q.dtype], arch.name, bv,
+                                                  bwd_dh),
+                                _device_kernels(arch, fwd_kernel) if h0_pieces is None else None)
     return _bwd_cp(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, state_v_first, plan,
                    decay_threshold, transition, h0_pieces, kernels, arch, sms)
 

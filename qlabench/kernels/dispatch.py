@@ -125,13 +125,14 @@ def has_kernel(arch: Arch | str, role: str) -> bool:
     return role in KERNEL_MODULES[a.name]
 
 
-def env_choice(var: str, choices: tuple[str, ...], default: str) -> str:
-    """The value of the environment switch ``var`` (``default`` when unset), read at call time; a
-    value outside ``choices`` raises ValueError naming it. The kernels' A/B switches (QLABENCH_CP,
-    QLABENCH_FWD_KERNEL, QLABENCH_KKT, QLABENCH_BWD_DH) all read through here."""
+def env_choice(var: str, choices: tuple[str, ...], default: str, environ=None) -> str:
+    """The value of the environment switch ``var`` (``default`` when unset), read at call time from
+    ``environ`` (default os.environ); a value outside ``choices`` raises ValueError naming it. The
+    kernels' A/B switches (QLABENCH_CP, QLABENCH_FWD_KERNEL, QLABENCH_KKT, QLABENCH_BWD_DH: the
+    fields of options.KernelOptions) all read through here."""
     import os
 
-    value = os.environ.get(var, default)
+    value = (os.environ if environ is None else environ).get(var, default)
     if value not in choices:
         raise ValueError(f"{var} must be one of {', '.join(choices)}, got {value!r}")
     return value

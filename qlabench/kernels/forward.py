@@ -1,6 +1,7 @@
 """Low-level forward: chunk_local_cumsum -> kkt_solve -> chunk recurrence (3 launches; the recurrence
 is hopper/chunk_fwd_ws.py on sm90, the TMA-pipelined chunk_fwd elsewhere: recurrence_role; the solve
-is kkt_solve, or with QLABENCH_KKT=grouped on sm90 with GQA kkt_solve_grouped: kkt_role).
+is kkt_solve, or with kkt=grouped on sm90 with GQA kkt_solve_grouped: kkt_role; both choices come
+from ``options`` (options.KernelOptions), or from QLABENCH_FWD_KERNEL / QLABENCH_KKT without it).
 
 Nothing here syncs with the host: chunk tables are built on the device from cu_seqlens, so a call
 can be captured in a CUDA graph.
@@ -13,6 +14,7 @@ import torch
 from .common.chunks import chunk_table
 from .common.cumsum import chunk_local_cumsum
 from .dispatch import Arch, arch_for_device, env_choice, has_kernel, kernel_factory
+from .options import KernelOptions
 from .validate import validate
 
 _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -32,7 +34,7 @@ def value_tile(n_blocks: int, sm_count: int = 132) -> int:
 
 def chunk_gated_delta_rule_fwd(
     q, k, v, g, beta, scale=None, initial_state=None, cu_seqlens=None, output_final_state=True,
-    output_h=False, state_v_first=False, arch: Arch | None = None,
+    output_h=False, state_v_first=False, arch: Arch | None = None, options: KernelOptions | None = None,
 ):
     """Forward kernels without autograd.
 
@@ -40,6 +42,8 @@ def chunk_gated_delta_rule_fwd(
         q, k: `[B, T, H_qk, 128]` bf16/fp16. v: `[B, T, H_v, 128]`. g, beta: `[B, T, H_v]`.
         initial_state: `[N, H_v, K, V]` (`[N, H_v, V, K]` with ``state_v_first``), any float dtype.
         output_h: also return the per-chunk start states.
+        options: the kernel variants (``fwd_kernel``, ``kkt``; ``cp`` is the API's business); None:
+            the QLABENCH_FWD_KERNEL / QLABENCH_KKT switches, read here.
 
     Returns:
         (g_cumsum `[B, T, H_v]` fp32, A `[B, T, H_v, C]` gate-free inverse in q's dtype (rows of the
@@ -50,7 +54,7 @@ def chunk_gated_delta_rule_fwd(
     p = validate(q, k, v, g, beta, scale, initial_state, cu_seqlens, state_v_first, for_kernels=True)
     arch = arch or arch_for_device(q.device)
     group = p.h_v // p.h_qk
-    kkt = kkt_role(arch, group)
+    kkt = kkt_role(arch, group, None if options is None else options.kkt)
     kkt_solve_kernel = kernel_factory(arch, kkt)
 
     C = arch.chunk_size
@@ -82,7 +86,8 @@ def chunk_gated_delta_rule_fwd(
     o = torch.empty(BT, p.h_v, p.V, dtype=q.dtype, device=dev)
     sms = _sm_count(dev)
     BV = value_tile(p.N * p.h_v, sms)
-    chunk_fwd_kernel = recurrence_kernel((p.V // BV) * p.N * p.h_v, sms, arch)
+    chunk_fwd_kernel = recurrence_kernel((p.V // BV) * p.N * p.h_v, sms, arch,
+                                         None if options is None else options.fwd_kernel)
     kernel = chunk_fwd_kernel(p.h_qk, p.h_v, p.K, p.V, BV, C, dtype, state_v_first, arch.name)
     no_skip = torch.empty(1, p.h_v, dtype=torch.int32, device=dev)  # has_skip = 0: never read
     kernel(q2, k2, v2, g_cumsum, Ag, Pm, table.cu_seqlens, table.chunk_offsets, no_skip, h0, o, ht, h,
@@ -99,13 +104,15 @@ def chunk_gated_delta_rule_fwd(
 _KKT_CHOICES = ("default", "grouped")
 
 
-def kkt_role(arch: Arch | str, group: int) -> str:
+def kkt_role(arch: Arch | str, group: int, kkt: str | None = None) -> str:
     """Kernel role of the per-chunk solve: ``kkt_solve`` (one block per chunk and v-head, the default),
     or with QLABENCH_KKT=grouped ``kkt_solve_grouped`` (hopper/kkt_solve_grouped.py: one block per
     chunk and qk-head computing K K^T and Q K^T once for the GQA group; NOT YET RUN ON A GPU) where
     the group is > 1 and the arch has it (sm90); elsewhere kkt_solve. Unset or ``default``: kkt_solve;
-    another value raises ValueError."""
-    choice = env_choice("QLABENCH_KKT", _KKT_CHOICES, "default")
+    another value raises ValueError. ``kkt`` (KernelOptions.kkt) replaces the switch when given."""
+    choice = env_choice("QLABENCH_KKT", _KKT_CHOICES, "default") if kkt is None else kkt
+    if choice not in _KKT_CHOICES:
+        raise ValueError(f"kkt must be one of {', '.join(_KKT_CHOICES)}, got {choice!r}")
     if choice == "grouped" and group > 1 and has_kernel(arch, "kkt_solve_grouped"):
         return "kkt_solve_grouped"
     return "kkt_solve"
@@ -125,7 +132,8 @@ _RECURRENCE_ROLES = {
 }
 
 
-def recurrence_role(n_blocks: int, sm_count: int, arch: Arch | str | None = None) -> str:
+def recurrence_role(n_blocks: int, sm_count: int, arch: Arch | str | None = None,
+                    fwd_kernel: str | None = None) -> str:
     """Kernel role of the chunk recurrence: the manually warp-specialized one where the arch has it
     (sm90: hopper/chunk_fwd_ws.py), else the TMA-pipelined one.
 
@@ -136,20 +144,25 @@ def recurrence_role(n_blocks: int, sm_count: int, arch: Arch | str | None = None
     0.053 vs 0.062; only short sequences over many blocks lose a little (1024x8 hk16_hv16 0.106 vs
     0.099), not worth a second rule. The pipelined variant in turn beat the plain one on every grid
     tried. QLABENCH_FWD_KERNEL=ws|pipelined|simple forces one (the A/B switch; ws raises ValueError on
-    archs without it); auto (the default) takes the rule above. ``n_blocks`` and ``sm_count`` are
-    kept for grid-dependent rules (none at present).
+    archs without it); auto (the default) takes the rule above. ``fwd_kernel`` (KernelOptions.fwd_kernel)
+    replaces the switch when given. ``n_blocks`` and ``sm_count`` are kept for grid-dependent rules
+    (none at present).
     """
     del n_blocks, sm_count
-    choice = env_choice("QLABENCH_FWD_KERNEL", ("auto",) + tuple(_RECURRENCE_ROLES), "auto")
+    choices = ("auto",) + tuple(_RECURRENCE_ROLES)
+    choice = env_choice("QLABENCH_FWD_KERNEL", choices, "auto") if fwd_kernel is None else fwd_kernel
+    if choice not in choices:
+        raise ValueError(f"fwd_kernel must be one of {', '.join(choices)}, got {choice!r}")
     if choice == "auto":
         has_ws = arch is not None and has_kernel(arch, "chunk_fwd_ws")
         return "chunk_fwd_ws" if has_ws else "chunk_fwd_pipelined"
     return _RECURRENCE_ROLES[choice]
 
 
-def recurrence_kernel(n_blocks: int, sm_count: int, arch: Arch | str):
-    """The chunk-recurrence kernel factory of ``arch`` for a grid of ``n_blocks`` blocks."""
-    return kernel_factory(arch, recurrence_role(n_blocks, sm_count, arch))
+def recurrence_kernel(n_blocks: int, sm_count: int, arch: Arch | str, fwd_kernel: str | None = None):
+    """The chunk-recurrence kernel factory of ``arch`` for a grid of ``n_blocks`` blocks
+    (``fwd_kernel``: as recurrence_role)."""
+    return kernel_factory(arch, recurrence_role(n_blocks, sm_count, arch, fwd_kernel))
 
 
 _SM_COUNTS: dict = {}

@@ -1,9 +1,9 @@
 """Forward with intra-card context parallelism (CP), built only from the existing forward kernels.
 
-NOT YET VERIFIED ON HARDWARE and not used by the public API (`chunk_gated_delta_rule`): the next
-GPU session checks it against `forward.chunk_gated_delta_rule_fwd` and the reference, measures it,
-and only then wires it in. The CPU tests run this exact orchestration with float64 twins of the
-kernels (`emulate_fwd.py`).
+The public API (`chunk_gated_delta_rule`) runs it when KernelOptions.cp (QLABENCH_CP) and the plan
+turn CP on. tests/kernels/test_forward_cp_gpu.py checks it on the GPU against
+`forward.chunk_gated_delta_rule_fwd` and the float64 reference; the CPU tests run this exact
+orchestration with float64 twins of the kernels (`emulate_fwd.py`).
 
 Algebra (per v-head; flashqla-design.md 1.4 and 4.4). The recurrence is affine in the state: a piece
 of a sequence maps its initial state S_in to its final state as
@@ -67,6 +67,7 @@ never syncs (the pass then runs, doing work only for fallback heads).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -100,14 +101,20 @@ class ForwardKernels:
     recurrence: Callable
 
 
-def _device_kernels(arch) -> ForwardKernels:
-    return ForwardKernels(chunk_local_cumsum, kernel_factory(arch, "kkt_solve"), recurrence_kernel)
+def _device_kernels(arch, fwd_kernel: str | None = None) -> ForwardKernels:
+    """The device kernels; ``fwd_kernel`` (KernelOptions.fwd_kernel) picks the recurrence (None: the
+    QLABENCH_FWD_KERNEL switch, read at each launch). The CP forward always runs kkt_solve."""
+    if fwd_kernel is None:
+        return ForwardKernels(chunk_local_cumsum, kernel_factory(arch, "kkt_solve"), recurrence_kernel)
+    return ForwardKernels(chunk_local_cumsum, kernel_factory(arch, "kkt_solve"),
+                          functools.partial(recurrence_kernel, fwd_kernel=fwd_kernel))
 
 
 def chunk_gated_delta_rule_fwd_cp(
     q, k, v, g, beta, scale=None, initial_state=None, cu_seqlens=None, output_final_state=True,
     state_v_first=False, plan: CPPlan | None = None, decay_threshold: float | None = -10.0,
     *, plan_heads: int | None = None, transition: str = "auto", arch=None, return_piece_states: bool = False,
+    options=None,
 ):
     """`forward.chunk_gated_delta_rule_fwd` with intra-card CP (see the module docstring).
 
@@ -119,6 +126,8 @@ def chunk_gated_delta_rule_fwd_cp(
         plan_heads: head count to plan with (the global one under tensor parallelism).
         transition: "auto" or "always" (see the module docstring).
         return_piece_states: also return the pieces' initial states (what `backward_cp` needs).
+        options: `options.KernelOptions` (its ``fwd_kernel`` picks the recurrence; ``kkt`` does not
+            apply here); None: the QLABENCH_FWD_KERNEL switch.
 
     Returns:
         (g_cumsum `[B, T, H_v]` fp32, A `[B, T, H_v, C]`, o `[B, T, H_v, V]`, None, final_state
@@ -134,7 +143,8 @@ def chunk_gated_delta_rule_fwd_cp(
         plan = plan_cp(cu_seqlens, heads=plan_heads or p.h_v, sm_count=sms, chunk_size=arch.chunk_size,
                        B=p.B, T=p.T, device=q.device)
     return _fwd_cp(q, k, v, g, beta, p, initial_state, cu_seqlens, output_final_state, state_v_first, plan,
-                   decay_threshold, transition, _device_kernels(arch), arch, sms,
+                   decay_threshold, transition,
+                   _device_kernels(arch, None if options is None else options.fwd_kernel), arch, sms,
                    return_piece_states=return_piece_states)
 
 

@@ -1,0 +1,130 @@
+"""KernelOptions: every kernel choice of the API as one explicit, typed value.
+
+The A/B variants of the kernels (intra-card CP, the forward recurrence, the per-chunk solve, the
+backward's reverse pass) are fields here. The public API (`chunk_gated_delta_rule`) reads the
+environment at most once per call (`KernelOptions.from_env`, the ``QLABENCH_*`` switches below) when
+no ``options`` are passed, and hands the same value down to the forward and its backward; the
+low-level entry points (`forward.chunk_gated_delta_rule_fwd`, `backward.chunk_gated_delta_rule_bwd`,
+`forward_cp` / `backward_cp`) take ``options`` too, and read the switches themselves only when called
+without them (direct callers such as the GPU tests and tools/*_variants.py).
+
+The defaults are the kernels the API launches without any switch. `QLABENCH_WS_AUTO_SYNC` is not an
+option: it is read by the warp-specialized kernel factories while compiling (a race-debugging
+switch), outside the host plumbing.
+
+Leaf module (no torch import of its own).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+# field -> (choices, default, environment switch). Choice order is the order error messages list.
+CHOICES: dict[str, tuple[str, ...]] = {
+    "cp": ("auto", "on", "off"),
+    "fwd_kernel": ("auto", "pipelined", "simple", "ws"),
+    "kkt": ("default", "grouped"),
+    "bwd_dh": ("auto", "ws", "pipelined"),
+}
+ENV_VARS: dict[str, str] = {
+    "cp": "QLABENCH_CP",
+    "fwd_kernel": "QLABENCH_FWD_KERNEL",
+    "kkt": "QLABENCH_KKT",
+    "bwd_dh": "QLABENCH_BWD_DH",
+}
+MEANING: dict[str, str] = {
+    "cp": "intra-card context parallelism of the forward and its backward: off, auto (cp.py's rule), on",
+    "fwd_kernel": "forward chunk recurrence: auto (ws on sm90, else pipelined), ws, pipelined, simple",
+    "kkt": "per-chunk solve: default (kkt_solve), grouped (kkt_solve_grouped: sm90, GQA only)",
+    "bwd_dh": "backward reverse pass: auto / pipelined (bwd_dh_pipelined), ws (bwd_dh_ws, sm90 only)",
+}
+
+
+@dataclass(frozen=True)
+class KernelOptions:
+    """Kernel variants of one call. Defaults = the API's default kernels.
+
+    Attributes:
+        cp: ``off`` | ``auto`` | ``on`` (QLABENCH_CP).
+        fwd_kernel: ``auto`` | ``ws`` | ``pipelined`` | ``simple`` (QLABENCH_FWD_KERNEL; ``ws`` raises
+            ValueError on archs without it).
+        kkt: ``default`` | ``grouped`` (QLABENCH_KKT; grouped applies on sm90 with GQA, and not in
+            the CP forward, which always runs kkt_solve).
+        bwd_dh: ``auto`` | ``ws`` | ``pipelined`` (QLABENCH_BWD_DH; ``ws`` is sm90 only).
+    """
+
+    cp: str = "off"
+    fwd_kernel: str = "auto"
+    kkt: str = "default"
+    bwd_dh: str = "auto"
+
+    def __post_init__(self):
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not isinstance(value, str) or value not in CHOICES[f.name]:
+                raise ValueError(f"kernel option {f.name} must be one of {', '.join(CHOICES[f.name])}, "
+                                 f"got {value!r}")
+
+    @classmethod
+    def from_env(cls, environ=None) -> "KernelOptions":
+        """The QLABENCH_* switches (unset: the default); a bad value raises ValueError naming the
+        variable and the value (the message dispatch.env_choice gives)."""
+        from .dispatch import env_choice
+
+        return cls(**{name: env_choice(var, CHOICES[name], DEFAULTS[name], environ)
+                      for name, var in ENV_VARS.items()})
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "KernelOptions":
+        """From a results row's ``options`` (None or missing keys: defaults; an unknown key raises)."""
+        d = dict(d or {})
+        unknown = sorted(set(d) - set(CHOICES))
+        if unknown:
+            raise ValueError(f"unknown kernel option {unknown[0]!r}; known: {', '.join(CHOICES)}")
+        return cls(**d)
+
+    def replace(self, **changes) -> "KernelOptions":
+        unknown = sorted(set(changes) - set(CHOICES))
+        if unknown:
+            raise ValueError(f"unknown kernel option {unknown[0]!r}; known: {', '.join(CHOICES)}")
+        return KernelOptions(**{**asdict(self), **changes})
+
+    def as_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+    def changed(self) -> dict[str, str]:
+        """The fields that differ from the defaults, in field order."""
+        return {k: v for k, v in asdict(self).items() if v != DEFAULTS[k]}
+
+    def label(self) -> str:
+        """``cp=on+bwd_dh=ws`` (non-default fields, field order); ``""`` for the defaults."""
+        return "+".join(f"{k}={v}" for k, v in self.changed().items())
+
+
+DEFAULTS: dict[str, str] = {f.name: f.default for f in fields(KernelOptions)}
+
+
+def parse_options(spec: str, base: KernelOptions | None = None) -> KernelOptions:
+    """``"cp=on+bwd_dh=ws"`` -> KernelOptions (``base`` or the defaults, with those fields set).
+
+    ValueError naming the bad item, key or value: ``cp`` without ``=``, an unknown key, a value
+    outside the key's choices, a key given twice.
+    """
+    base = base or KernelOptions()
+    changes: dict[str, str] = {}
+    for item in spec.split("+"):
+        item = item.strip()
+        if not item:
+            raise ValueError(f"empty kernel option in {spec!r} (write key=value+key=value)")
+        key, eq, value = item.partition("=")
+        key, value = key.strip(), value.strip()
+        if not eq:
+            raise ValueError(f"kernel option {item!r} needs key=value (keys: {', '.join(CHOICES)})")
+        if key not in CHOICES:
+            raise ValueError(f"unknown kernel option {key!r}; known: {', '.join(CHOICES)}")
+        if value not in CHOICES[key]:
+            raise ValueError(f"kernel option {key} must be one of {', '.join(CHOICES[key])}, got {value!r}")
+        if key in changes:
+            raise ValueError(f"kernel option {key!r} given twice in {spec!r}")
+        changes[key] = value
+    return base.replace(**changes)
