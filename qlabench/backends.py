@@ -5,6 +5,10 @@ the module from ``qlabench/baselines/__init__.py``. Optional libraries are impor
 ``available()``, which returns ``(False, reason)`` instead of raising, so a machine without them still
 lists and runs everything else.
 
+Variants: a backend may take options, written ``name:key=value+key=value`` (``qla:cp=on+bwd_dh=ws``).
+Each such name is a backend of its own (its own column, its own rows); ``Backend.with_options``
+validates them and ``options_record`` is what every row of the backend records (``options``).
+
 The runner calls ``forward(w)`` for every phase: under ``torch.no_grad()`` for ``fwd``, and on a
 ``Workload.differentiable()`` copy followed by ``torch.autograd.grad`` (``gradients`` below) for
 ``bwd`` / ``fwdbwd``.
@@ -46,6 +50,15 @@ class Backend:
         """Verifies, from the GPU kernel names one call launched, that the intended path ran."""
         return True, ""
 
+    def with_options(self, spec: str) -> "Backend":
+        """This backend with the options ``spec`` (the part after ``name:``); ValueError naming the
+        bad key or value. Backends without options refuse any."""
+        raise ValueError(f"backend {self.name!r} takes no options, got {self.name}:{spec}")
+
+    def options_record(self) -> dict | None:
+        """The options every row of this backend records (``options``); None: it has none."""
+        return None
+
     def __repr__(self) -> str:
         return f"<backend {self.name}>"
 
@@ -86,23 +99,50 @@ def backend_names() -> list[str]:
 
 
 def get_backend(name: str) -> Backend:
+    """The backend ``name``: a registered name, or ``name:key=value+...`` for a variant of it (the
+    options exactly as written, over the backend's defaults; no environment is read here)."""
     _load_builtins()
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown backend {name!r}; known: {', '.join(_REGISTRY)}")
-    return _REGISTRY[name]()
+    base, sep, spec = name.partition(":")
+    if base not in _REGISTRY:
+        raise ValueError(f"unknown backend {base!r}; known: {', '.join(_REGISTRY)}")
+    backend = _REGISTRY[base]()
+    if sep:
+        try:
+            backend = backend.with_options(spec)
+        except ValueError as e:
+            raise ValueError(f"backend {name!r}: {e}") from None
+    return backend
 
 
 def parse_backends(spec) -> list[str]:
-    """'qla,fla' / ['qla', 'fla'] -> validated names, order kept, duplicates dropped."""
+    """'qla,fla,qla:cp=on' / ['qla', 'fla'] -> validated canonical names, order kept, duplicates dropped.
+
+    This is the suite's edge for kernel options: a ``qla`` name also takes the QLABENCH_* switches set
+    in the environment (read here, once), so ``QLABENCH_CP=on`` with ``qla`` gives ``qla:cp=on`` and the
+    rows say which kernels ran. Options written in the name win over the switches.
+    """
     items = spec.split(",") if isinstance(spec, str) else list(spec)
     names = [s.strip() for s in items if s.strip()]
     if not names:
         raise ValueError(f"no backend named in {spec!r}")
-    known = backend_names()
-    for n in names:
-        if n not in known:
-            raise ValueError(f"unknown backend {n!r}; known: {', '.join(known)}")
-    return list(dict.fromkeys(names))
+    return list(dict.fromkeys(canonical_name(n, from_env=True) for n in names))
+
+
+def canonical_name(name: str, from_env: bool = False) -> str:
+    """``qla:bwd_dh=ws+cp=on`` -> ``qla:cp=on+bwd_dh=ws`` (options in field order, defaults dropped,
+    ``qla:cp=off`` -> ``qla``); ValueError for an unknown backend or a bad option. ``from_env``: a
+    backend with environment switches (qla) starts from them."""
+    base, sep, spec = name.partition(":")
+    if from_env and base == "qla":
+        from qlabench.kernels.options import KernelOptions, parse_options
+
+        env = KernelOptions.from_env()
+        try:
+            opts = parse_options(spec, base=env) if sep else env
+        except ValueError as e:
+            raise ValueError(f"backend {name!r}: {e}") from None
+        return QlaBackend.name_for(opts)
+    return get_backend(name).name
 
 
 def gradients(backend: Backend, w: Workload, outputs=None, leaves=None, retain_graph: bool = False):
@@ -127,7 +167,27 @@ def gradients(backend: Backend, w: Workload, outputs=None, leaves=None, retain_g
 class QlaBackend(Backend):
     """Our TileLang kernels (``qlabench.kernels.chunk_gated_delta_rule``); bwd through its autograd."""
 
-    description = "qlabench TileLang kernels (ours)"
+    description = "qlabench TileLang kernels (ours); variants qla:key=value+... (qlabench list backends)"
+
+    def __init__(self, options=None):
+        from qlabench.kernels.options import KernelOptions
+
+        self.options = KernelOptions() if options is None else options
+        self.name = self.name_for(self.options)
+
+    @staticmethod
+    def name_for(options) -> str:
+        """``qla`` for the default kernels, ``qla:cp=on+bwd_dh=ws`` for a variant."""
+        label = options.label()
+        return f"qla:{label}" if label else "qla"
+
+    def with_options(self, spec: str) -> "QlaBackend":
+        from qlabench.kernels.options import parse_options
+
+        return QlaBackend(parse_options(spec, base=self.options))
+
+    def options_record(self) -> dict:
+        return self.options.as_dict()
 
     def available(self, device: str) -> tuple[bool, str]:
         ok, why = super().available(device)
@@ -155,5 +215,5 @@ class QlaBackend(Backend):
 
         return chunk_gated_delta_rule(
             w.q, w.k, w.v, w.g, w.beta, scale=w.scale, initial_state=w.h0, output_final_state=True,
-            cu_seqlens=w.cu_seqlens,
+            cu_seqlens=w.cu_seqlens, options=self.options,
         )

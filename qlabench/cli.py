@@ -37,7 +37,8 @@ def _setup_error(msg: str) -> None:
 @click.option("--phase", default=None,
               help="fwd, bwd, fwdbwd or all (comma list allowed) [default: the sweep's phases, else fwd].")
 @click.option("--backends", default=None,
-              help="Comma list from `qlabench list backends` [default: the sweep's; else qla,fla,flash_qla "
+              help="Comma list from `qlabench list backends`; qla variants as qla:key=value+key=value "
+              "(qla:cp=on+bwd_dh=ws), each its own column [default: the sweep's; else qla,fla,flash_qla "
               "on CUDA, torch on the CPU].")
 @click.option("--gate-profile", type=click.Choice(["bench", "qwen", "extreme", "logsigmoid"]), default=None,
               help="Gate distribution [default: the sweep's, else bench].")
@@ -71,6 +72,10 @@ def _setup_error(msg: str) -> None:
               "the first case of each phase and preset, on every case, or never.")
 @click.option("--no-h0", is_flag=True, help="Run without an initial state [default: h0 on, like FlashQLA].")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
+@click.option("--kernel-split", is_flag=True,
+              help="Also profile a few calls of every timed row (torch.profiler) and record its device time "
+              "per kernel name (row field kernel_split, us per call); reports show it per case "
+              "[default: off].")
 @click.option("--gpus", default=None,
               help="Shard the cases over local GPUs, one worker process per GPU, rows merged into --out: all, "
               "a count N (GPUs 0..N-1) or indices 0,2,5 (one index: 3,) [default: one GPU, in this process].")
@@ -80,7 +85,7 @@ def _setup_error(msg: str) -> None:
               help="Seconds a case may run (reference, first calls and compilation included); past it its "
               "worker process is killed, the case's rows become 'timeout' and the sweep goes on in a fresh "
               "worker. Runs the cases in worker processes (one, unless --gpus/--workers) [default: none].")
-def run_cmd(arch, cfgs, sweep, seqlens, phase, backends, gate_profile, device, quick, out, resume, seed,
+def run_cmd(arch, cfgs, sweep, seqlens, phase, backends, gate_profile, device, quick, out, resume, seed, kernel_split,
             warmup, repeats, timer, l2, tolerance, verify_kernels, no_h0, no_progress, gpus, workers,
             case_timeout) -> None:
     """Sweep head presets x seqlen patterns over backends: correctness and timing, saved row by row.
@@ -120,7 +125,7 @@ def run_cmd(arch, cfgs, sweep, seqlens, phase, backends, gate_profile, device, q
                                                        else settings.get("repeats", RN.DEFAULT_REPEATS))
         cfg = RN.RunConfig(device=device, timer=timer, l2=l2, warmup=warmup, repeats=repeats,
                            tolerance=tolerance, quick=quick, seed=seed, with_h0=not no_h0,
-                           verify_kernels=verify_kernels)
+                           verify_kernels=verify_kernels, kernel_split=kernel_split)
         from qlabench.timing import resolve_l2, resolve_timer
 
         timer_used = resolve_timer(timer, device)
@@ -136,7 +141,8 @@ def run_cmd(arch, cfgs, sweep, seqlens, phase, backends, gate_profile, device, q
             "gate_profile": gate, "timer": timer_used, "warmup": warmup, "repeats": repeats,
             "l2_policy": resolve_l2(l2, timer_used), "quick": quick, "tolerance": tolerance,
             "device": device, "presets": [p.name for p in chosen], "n_cases": len(cases),
-            "with_h0": not no_h0, "verify_kernels": verify_kernels, "cpu_max_tokens": cfg.cpu_max_tokens if device == "cpu" and quick else None,
+            "with_h0": not no_h0, "verify_kernels": verify_kernels, "kernel_split": kernel_split,
+            "cpu_max_tokens": cfg.cpu_max_tokens if device == "cpu" and quick else None,
             "gpus": [s.gpu_index for s in slots] if slots and device == "cuda" else None,
             "workers": len(slots) if slots else None, "case_timeout_s": case_timeout,
         }
@@ -243,6 +249,12 @@ def list_cmd(what, device, sweep) -> None:
                 version = b.version() if ok else None
                 click.echo(f"{name:10} {state}" + (f"  ({version})" if version else "")
                            + (f"  [{why}]" if ok and why else "") + f"\n{'':10} {b.description}")
+            from qlabench.kernels.options import CHOICES, MEANING
+
+            click.echo("\nqla variants: qla:key=value+key=value (e.g. qla:cp=on+bwd_dh=ws), one column each; "
+                       "plain qla also takes the QLABENCH_* switches of the environment")
+            for key, choices in CHOICES.items():
+                click.echo(f"  {key:10} {'|'.join(choices):24} {MEANING[key]}")
     except (ValueError, TypeError) as exc:
         _setup_error(str(exc))
 

@@ -52,12 +52,17 @@ ROW_FIELDS = (
 # Added after the first files were written: make_row fills them, load() does not require them (older
 # files lack them). gpu_index / gpu_uuid: the GPU the row ran on (index as the run numbered the visible
 # GPUs); worker: the worker process of a sharded run (qlabench/shard.py), null in a one-process run.
-OPTIONAL_ROW_FIELDS = ("gpu_index", "gpu_uuid", "worker")
+# options: the kernel options of a `qla` row (qlabench.kernels.KernelOptions as a dict; null for other
+# backends; a qla row without it ran the default kernels). kernel_split: `run --kernel-split`'s device
+# time per kernel name, microseconds per call ({kernel: us}), null when not asked for.
+OPTIONAL_ROW_FIELDS = ("gpu_index", "gpu_uuid", "worker", "options", "kernel_split")
 # Row identity, the one definition (resume, report, compare, gate, history): a case is these fields,
 # a row is a case and a backend; a file holds at most one row per key. The preset name is not part of
 # it: presets are named hk<h_qk>_hv<h_v> (config.load_presets checks), so h_qk and h_v say the same.
 # beta_profile and h0_scale (the input recipe beyond the gate, qlabench/workload.py) came later: a row
-# without them has the default recipe, KEY_DEFAULTS (qlabench/recipe.py).
+# without them has the default recipe, KEY_DEFAULTS (qlabench/recipe.py). The backend field of the key
+# carries the row's kernel options (backend_key: `qla:cp=on`), so rows of two kernel variants never
+# match; a row without `options` ran the defaults.
 KEY_DEFAULTS = {"beta_profile": DEFAULT_BETA_PROFILE, "h0_scale": DEFAULT_H0_SCALE}
 CASE_FIELDS = ("phase", "h_qk", "h_v", "pattern", "gate_profile", "dtype", *KEY_DEFAULTS)
 KEY_FIELDS = (*CASE_FIELDS, "backend")
@@ -68,9 +73,35 @@ class ResultsError(ValueError):
     """A results file that is not valid ``qlabench.results/1``; the message names file and field."""
 
 
+def options_label(options) -> str:
+    """``cp=on+bwd_dh=ws`` for a row's ``options`` dict (its non-default kernel options), ``""`` for
+    the defaults or none. ValueError for an unknown option or value."""
+    if not isinstance(options, dict) or not options:
+        return ""
+    from .kernels.options import KernelOptions  # only rows with options pay for this import
+
+    return KernelOptions.from_dict(options).label()
+
+
+def backend_key(row) -> str:
+    """The backend a row measured, with its kernel options: ``qla``, ``qla:cp=on+bwd_dh=ws``. The
+    options come from the row's ``options`` when it has them, else from the name as written (rows of
+    files from before options existed: the default kernels)."""
+    name = str(row.get("backend"))
+    options = row.get("options")
+    if not isinstance(options, dict) or not options:
+        return name
+    label = options_label(options)
+    base = name.partition(":")[0]
+    return f"{base}:{label}" if label else base
+
+
 def _key(row, fields) -> tuple:
     out = []
     for k in fields:
+        if k == "backend":
+            out.append(backend_key(row))
+            continue
         v = row.get(k)
         if v is None or (isinstance(v, float) and math.isnan(v)):  # NaN: a pandas cell without a value
             v = KEY_DEFAULTS.get(k)
@@ -87,7 +118,8 @@ def case_key(row) -> tuple:
 
 
 def row_key(row) -> tuple:
-    """A row's identity (KEY_FIELDS): its case and backend."""
+    """A row's identity (KEY_FIELDS): its case and backend, the backend with its kernel options
+    (backend_key)."""
     return _key(row, KEY_FIELDS)
 
 
@@ -278,6 +310,20 @@ def check_row(row, where: str = "row") -> dict:
     h0 = row.get("h0_scale")
     if h0 is not None and not (_is_num(h0) and math.isfinite(h0) and h0 >= 0):
         raise bad("h0_scale", "expected a finite number >= 0 or null")
+    options = row.get("options")
+    if options is not None:
+        if not isinstance(options, dict) or not all(isinstance(v, str) for v in options.values()):
+            raise bad("options", "expected an object of kernel options (strings) or null")
+        try:
+            key = backend_key(row)
+        except ValueError as e:
+            raise bad("options", str(e)) from None
+        if key != row["backend"]:
+            raise bad("backend", f"its options say {key!r} (a variant's name carries its options)")
+    split = row.get("kernel_split")
+    if split is not None and not (isinstance(split, dict) and all(
+            isinstance(k, str) and _is_num(v) and math.isfinite(v) and v >= 0 for k, v in split.items())):
+        raise bad("kernel_split", "expected an object {kernel name: microseconds >= 0} or null")
     return row
 
 

@@ -35,6 +35,7 @@ from .timing import (
     DEFAULT_WARMUP,
     bench_stream,
     first_call,
+    kernel_split,
     measure,
     on_stream,
     peak_memory_mb,
@@ -67,6 +68,8 @@ class RunConfig:
     # case ("each"), or never ("off")
     verify_kernels: str = "first"
     with_h0: bool = True
+    # `run --kernel-split`: profile a few calls of every timed row, per-kernel time in row["kernel_split"]
+    kernel_split: bool = False
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self):
@@ -189,7 +192,8 @@ def _kernel_names(call, device: str) -> list[str]:
 def run_backend_case(case: Case, w: Workload, ref: dict, backend: Backend, cfg: RunConfig,
                      base_row: dict, verify: bool | None = None) -> dict:
     """Measures one backend on one case; always returns a row (exceptions become `error` rows)."""
-    row = R.make_row(status="error", **base_row, backend=backend.name, timestamp=utc_now())
+    row = R.make_row(status="error", **base_row, backend=backend.name, options=backend.options_record(),
+                     timestamp=utc_now())
     with contextlib.suppress(Exception):
         row["backend_version"] = backend.version()
     stream = bench_stream(cfg.device)
@@ -214,6 +218,11 @@ def run_backend_case(case: Case, w: Workload, ref: dict, backend: Backend, cfg: 
                        calls_per_sample=timing.calls_per_sample)
             notes = [m for m in (verdict.message(), timing.note) if m]
             status = "ok" if verdict.ok else "incorrect"
+            if cfg.kernel_split:
+                try:
+                    row["kernel_split"] = kernel_split(call, cfg.device)
+                except Exception as e:  # noqa: BLE001 - the timing stands; the split is extra
+                    notes.append(f"kernel split failed: {_short(e)}")
             if verify is None:
                 verify = cfg.verify_kernels != "off"
             if cfg.device == "cuda" and verify and type(backend).check_kernels is not Backend.check_kernels:
@@ -335,7 +344,7 @@ class Runner:
                 runnable.append(b)
             else:
                 self._add(R.make_row(status="unavailable", **base, backend=b.name, message=why,
-                                     timestamp=utc_now()))
+                                     options=b.options_record(), timestamp=utc_now()))
         if not runnable:
             return
         try:
@@ -348,6 +357,7 @@ class Runner:
         except Exception as e:  # noqa: BLE001 - the case fails, the sweep goes on
             for b in runnable:
                 self._add(R.make_row(status="error", **base, backend=b.name, timestamp=utc_now(),
+                                     options=b.options_record(),
                                      message=f"inputs/reference failed: {_short(e)}"))
             _free(cfg.device)
             return

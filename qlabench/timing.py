@@ -230,3 +230,41 @@ def measure(fn, device: str, timer: str = "auto", warmup: int = DEFAULT_WARMUP,
     _event_times(fn, warmup, flush=False)
     samples = _event_times(fn, repeats, flush=policy == "flush")
     return Timing("events", policy, samples, note=note)
+
+
+KERNEL_SPLIT_CALLS = 3  # profiled calls per row of `run --kernel-split`
+
+
+def kernel_split(fn, device: str, calls: int = KERNEL_SPLIT_CALLS) -> dict[str, float]:
+    """Per-kernel time of ``fn``: {kernel name: microseconds per call}, largest first.
+
+    ``calls`` calls (after one unprofiled call) under torch.profiler. On CUDA each GPU kernel's device
+    time, summed per kernel name (the split sums to the calls' device time, launch gaps excluded); on
+    the CPU each operator's self CPU time (how the path is tested without a GPU).
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    if calls < 1:
+        raise ValueError(f"calls must be >= 1, got {calls}")
+    cuda = device == "cuda"
+    fn()
+    _sync(device)
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+        for _ in range(calls):
+            fn()
+        _sync(device)
+    return split_from_events(prof.events(), cuda, calls)
+
+
+def split_from_events(events, cuda: bool, calls: int) -> dict[str, float]:
+    """{name: us per call} from profiler events: GPU kernels' durations (``cuda``) or CPU operators'
+    self times, summed per name and divided by ``calls``; largest first, zeros dropped."""
+    totals: dict[str, float] = {}
+    for e in events:
+        is_gpu = e.device_type == torch.autograd.DeviceType.CUDA
+        if cuda != is_gpu:
+            continue
+        us = e.time_range.elapsed_us() if cuda else e.self_cpu_time_total
+        if us > 0:
+            totals[e.name] = totals.get(e.name, 0.0) + float(us)
+    return {k: round(v / calls, 3) for k, v in sorted(totals.items(), key=lambda kv: (-kv[1], kv[0]))}

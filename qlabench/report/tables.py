@@ -35,7 +35,7 @@ from typing import Any
 import pandas as pd
 
 from qlabench import roofline
-from qlabench.report import accuracy, firstcall
+from qlabench.report import accuracy, firstcall, kernelsplit
 from qlabench.report.frame import Collected, backends_in_order, collect, dedupe_latest, default_subject
 from qlabench.report.layout import MISSING, PHASE_ORDER, PHASE_TITLE, md_row, phase_heading
 
@@ -101,6 +101,7 @@ class Report:
     notes: list[str]
     first_calls: list[firstcall.FirstCallTable] = field(default_factory=list)  # [] when no row has one
     accuracy: list[accuracy.PhaseAccuracy] = field(default_factory=list)  # [] when no row has errors
+    kernel_split: list[kernelsplit.SplitTable] = field(default_factory=list)  # [] when no row has one
 
 
 def _int_or_none(x: Any) -> int | None:
@@ -174,7 +175,8 @@ def build_report(
     first_calls = firstcall.build_first_calls(df, wanted, backends)
     tolerances = {src: run["tolerance"] for src, run in zip(col.sources, col.runs) if run.get("tolerance")}
     acc = accuracy.build_accuracy(df, wanted, backends, tolerances)
-    return Report(col, subject, peers, tables, peak, notes, first_calls, acc)
+    split = kernelsplit.build_kernel_split(df, wanted, backends)
+    return Report(col, subject, peers, tables, peak, notes, first_calls, acc, split)
 
 
 def _phase_table(df, phase, subject, peers, backends, peak) -> PhaseTable:
@@ -376,6 +378,8 @@ def render_text(report: Report) -> str:
         out.append("")
     if report.accuracy:
         out += ["=" * rule_w, ""] + accuracy.text_lines(report.accuracy)
+    if report.kernel_split:
+        out += ["=" * rule_w, ""] + kernelsplit.text_lines(report.kernel_split)
     if report.first_calls:
         out += ["=" * rule_w, ""] + firstcall.text_lines(report.first_calls)
     if not report.tables:
@@ -437,6 +441,7 @@ def render_markdown(report: Report, plots: dict[str, list[str]] | None = None) -
         for img in (plots or {}).get(table.phase, []):
             out += [f"![{img}]({img})", ""]
     out += accuracy.md_lines(report.accuracy, plots)
+    out += kernelsplit.md_lines(report.kernel_split)
     out += firstcall.md_lines(report.first_calls)
     for img in (plots or {}).get("all", []):
         out += [f"![{img}]({img})", ""]
@@ -533,6 +538,7 @@ def render_html(report: Report) -> str:
                 )
             out.append("</table>")
     out += accuracy.html_lines(report.accuracy)
+    out += kernelsplit.html_lines(report.kernel_split)
     out += firstcall.html_lines(report.first_calls)
     out.append("</body></html>")
     return "\n".join(out) + "\n"
