@@ -72,6 +72,9 @@ def _setup_error(msg: str) -> None:
               "the first case of each phase and preset, on every case, or never.")
 @click.option("--no-h0", is_flag=True, help="Run without an initial state [default: h0 on, like FlashQLA].")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
+@click.option("--verbose", is_flag=True,
+              help="End-of-run report with the first-call section (compile / load time per head configuration) "
+                   "and its explanation [default: speed and accuracy only; `qlabench report` shows it all].")
 @click.option("--kernel-split", is_flag=True,
               help="Also profile a few calls of every timed row (torch.profiler) and record its device time "
               "per kernel name (row field kernel_split, us per call); reports show it per case "
@@ -86,7 +89,7 @@ def _setup_error(msg: str) -> None:
               "worker process is killed, the case's rows become 'timeout' and the sweep goes on in a fresh "
               "worker. Runs the cases in worker processes (one, unless --gpus/--workers) [default: none].")
 def run_cmd(arch, cfgs, sweep, seqlens, phase, backends, gate_profile, device, quick, out, resume, seed, kernel_split,
-            warmup, repeats, timer, l2, tolerance, verify_kernels, no_h0, no_progress, gpus, workers,
+            warmup, repeats, timer, l2, tolerance, verify_kernels, no_h0, no_progress, verbose, gpus, workers,
             case_timeout) -> None:
     """Sweep head presets x seqlen patterns over backends: correctness and timing, saved row by row.
 
@@ -154,13 +157,13 @@ def run_cmd(arch, cfgs, sweep, seqlens, phase, backends, gate_profile, device, q
         _setup_error(str(exc))
     try:
         _run_locked(res, out_path, cfg, bes, names, cases, slots, env, sw, arch, device, quick, note,
-                    no_progress, resume, case_timeout)
+                    no_progress, resume, case_timeout, verbose)
     finally:
         lock.release()
 
 
 def _run_locked(res, out_path, cfg, bes, names, cases, slots, env, sw, arch, device, quick, note, no_progress,
-                resume, case_timeout) -> None:
+                resume, case_timeout, verbose=False) -> None:
     """The measuring part of `qlabench run`, while this process holds the lock on ``out_path``."""
     from qlabench import results as R
     from qlabench import runner as RN
@@ -193,10 +196,29 @@ def _run_locked(res, out_path, cfg, bes, names, cases, slots, env, sw, arch, dev
         click.echo(f"\ninterrupted: {len(res['rows'])} rows kept in {out_path}", err=True)
         raise SystemExit(130) from None
     if device == "cpu":
-        click.echo(f"=== {RN.CPU_NOTICE} ===")
-    click.echo(RN.format_tables(res))
+        click.echo(f"=== {RN.CPU_NOTICE}: a smoke test of the float64 torch reference"
+                   + (f" at <= {cfg.cpu_max_tokens} tokens per case (Seqlens: as run)" if quick else "")
+                   + ", not a benchmark ===")
+    click.echo(_end_of_run_tables(res, verbose))
     counts = {s: sum(r["status"] == s for r in res["rows"]) for s in R.STATUSES}
     click.echo(f"wrote {out_path}: " + ", ".join(f"{v} {k}" for k, v in counts.items() if v))
+
+
+def _end_of_run_tables(res: dict, verbose: bool) -> str:
+    """The run's report: everything with --verbose; else without the first-call section (its paragraph
+    of explanation printed after every run hid the tables; `qlabench report FILE` still shows it)."""
+    from qlabench import runner as RN
+
+    if verbose:
+        return RN.format_tables(res)
+    try:
+        from dataclasses import replace
+
+        from qlabench.report.tables import build_report, render_text
+
+        return render_text(replace(build_report(res), first_calls=[]))
+    except Exception:  # noqa: BLE001 - the rows are saved; the table is a convenience (format_tables falls back)
+        return RN.format_tables(res)
 
 
 @main.command("list")
@@ -616,8 +638,14 @@ def _parse_heads(items: tuple[str, ...]) -> list[tuple[int, int]]:
 @click.option("--state-layout", type=click.Choice(["both", "kv", "vk"]), default="both", show_default=True,
               help="State layouts: kv = [K, V], vk = state_v_first.")
 @click.option("--no-backward", is_flag=True, help="Compile only the forward kernels.")
-def aot(arch, cache_dir, cfgs, dtypes, state_layout, no_backward):
-    """Compile every kernel the API would launch for ARCH, without a GPU, into the TileLang cache."""
+@click.option("--verbose", is_flag=True, help="Let TileLang's INFO lines (begin / end of each compile) through.")
+def aot(arch, cache_dir, cfgs, dtypes, state_layout, no_backward, verbose):
+    """Compile every kernel the API would launch for ARCH, without a GPU, into the TileLang cache.
+
+    One line per kernel: `compiled` (a new cache entry) or `cached` (already in the cache: loaded), with
+    the seconds it took. TileLang's INFO lines are silenced unless --verbose.
+    """
+    import logging
     import os
 
     if cache_dir:
@@ -626,9 +654,15 @@ def aot(arch, cache_dir, cfgs, dtypes, state_layout, no_backward):
     layouts = {"both": (False, True), "kv": (False,), "vk": (True,)}[state_layout]
     from qlabench.kernels.aot import compile_all, not_available
 
+    if not verbose:  # TileLang logs two INFO lines per kernel; its import sets the level, so after it
+        import tilelang  # noqa: F401
+
+        logging.getLogger("tilelang").setLevel(logging.WARNING)
     click.echo(f"compiling for {arch} into {os.environ.get('TILELANG_CACHE_DIR', '~/.tilelang/cache')}")
     for line in not_available(arch, backward=not no_backward):
         click.echo(f"  skipped: {line}")
     done = compile_all(heads, arch, dtypes=dtypes, state_layouts=layouts, backward=not no_backward,
-                       on_done=lambda c: click.echo(f"  {c.kernel:<28} {c.config:<36} {c.seconds:6.1f} s"))
-    click.echo(f"{len(done)} kernels compiled ({sum(c.seconds for c in done):.1f} s)")
+                       on_done=lambda c: click.echo(f"  {c.kernel:<28} {c.config:<36} "
+                                                    f"{'cached' if c.cached else 'compiled':<8} {c.seconds:6.1f} s"))
+    n_cached = sum(c.cached for c in done)
+    click.echo(f"{len(done) - n_cached} kernels compiled, {n_cached} cached ({sum(c.seconds for c in done):.1f} s)")

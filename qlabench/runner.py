@@ -509,7 +509,10 @@ def default_out_path(gpu_name: str | None, commit: str | None, name: str) -> Pat
     from .envinfo import gpu_slug
 
     date = utc_now()[:10]
-    return Path("results") / gpu_slug(gpu_name) / f"{date}_{(commit or 'nogit')[:7]}" / f"{name}.json"
+    # results/ holds the committed GPU measurements; a CPU run (no GPU name) is a smoke test and goes
+    # to runs/cpu/ (git-ignored), so it neither dirties the checkout nor enters `history results/`
+    root = Path("results") if gpu_name else Path("runs")
+    return root / gpu_slug(gpu_name) / f"{date}_{(commit or 'nogit')[:7]}" / f"{name}.json"
 
 
 def prepare_out(out: Path) -> R.OutputLock:

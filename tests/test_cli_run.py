@@ -32,6 +32,11 @@ def test_run_quick_cpu(tmp_path):
     assert res.exit_code == 0, res.output
     assert "CPU reference timings (not GPU kernel figures)" in res.output
     assert "FORWARD" in res.output
+    # rows say the lengths they ran (the name stays the row's identity), no speedup header without a
+    # peer, no first-call section unless --verbose
+    assert "1x512 (of 1x32768)" in res.output and "128x4 (of 8192x4)" in res.output
+    assert "speedup = peer time" not in res.output and "no peer backend" in res.output
+    assert "FIRST CALL" not in res.output
     data = R.load(out)
     rows = data["rows"]
     assert len(rows) == 19 and {r["status"] for r in rows} == {"ok"}
@@ -49,6 +54,22 @@ def test_run_quick_cpu(tmp_path):
     # no --resume on an existing file: refused, exit 2
     refused = _invoke("run", "--cfg", "hk2_hv4", "--quick", "--device", "cpu", "--out", str(out))
     assert refused.exit_code == 2 and "already exists" in refused.output
+
+
+def test_run_cpu_default_out_is_ignored_runs_folder_and_verbose(tmp_path, monkeypatch):
+    """Without --out a CPU run writes runs/cpu/<date>_<commit>/ (git-ignored), not results/; --verbose
+    adds the first-call section."""
+    monkeypatch.chdir(tmp_path)
+    res = _invoke("run", "--cfg", "hk1_hv2", "--seqlens", "1x1024", "--quick", "--device", "cpu", "--no-progress",
+                  "--verbose")
+    assert res.exit_code == 0, res.output
+    (path,) = (tmp_path / "runs" / "cpu").glob("*/hk1_hv2_fwd_quick.json")
+    assert not (tmp_path / "results").exists() and len(R.load(path)["rows"]) == 1
+    assert "FIRST CALL" in res.output and "1x512 (of 1x1024)" in res.output
+    from pathlib import Path
+
+    ignore = (Path(__file__).resolve().parents[1] / ".gitignore").read_text().split()
+    assert "/runs/" in ignore
 
 
 def test_run_bwd_patterns_and_backends(tmp_path):

@@ -9,8 +9,10 @@ for sm_120a at C = 32 (mma.sync), checked against its 99 KB of shared memory per
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from .dispatch import arch_by_name, has_kernel, kernel_factory
 
@@ -23,6 +25,24 @@ class Compiled:
     kernel: str
     config: str
     seconds: float
+    cached: bool = False  # no new entry in the TileLang cache: loaded from disk (or this process's memory)
+
+
+def cache_dir() -> Path:
+    """The TileLang cache directory this process writes to ($TILELANG_CACHE_DIR or TileLang's default)."""
+    if os.environ.get("TILELANG_CACHE_DIR"):
+        return Path(os.environ["TILELANG_CACHE_DIR"])
+    from tilelang import env
+
+    return Path(env.TILELANG_CACHE_DIR)
+
+
+def cache_entries(root: Path) -> set[str]:
+    """The compiled kernels in a TileLang cache (<version>/<kind>/<hash> folders; staging ones left out)."""
+    if not root.is_dir():
+        return set()
+    return {"/".join(p.relative_to(root).parts) for p in root.glob("*/*/*")
+            if p.is_dir() and not any(part.startswith(".") for part in p.relative_to(root).parts)}
 
 
 def forward_kernels(h_qk: int, h_v: int, arch: str, dtype: str = "bfloat16",
@@ -86,9 +106,13 @@ def backward_kernels(h_qk: int, h_v: int, arch: str, dtype: str = "bfloat16") ->
 
 def compile_all(heads: list[tuple[int, int]], arch: str, dtypes=("bfloat16",), state_layouts=(False, True),
                 backward: bool = True, on_done=None) -> list[Compiled]:
-    """Compiles every kernel for each (h_qk, h_v); calls ``on_done(Compiled)`` as each finishes."""
+    """Compiles every kernel for each (h_qk, h_v); calls ``on_done(Compiled)`` as each finishes.
+
+    A job that adds no entry to the TileLang cache is reported ``cached`` (a load, not a compile)."""
     done = []
     seen = set()
+    root = cache_dir()
+    entries = cache_entries(root)
     for h_qk, h_v in heads:
         for dtype in dtypes:
             jobs = forward_kernels(h_qk, h_v, arch, dtype, state_layouts)
@@ -100,7 +124,10 @@ def compile_all(heads: list[tuple[int, int]], arch: str, dtypes=("bfloat16",), s
                 seen.add((name, config))
                 t0 = time.perf_counter()
                 thunk()
-                item = Compiled(name, config, time.perf_counter() - t0)
+                seconds = time.perf_counter() - t0
+                now = cache_entries(root)
+                item = Compiled(name, config, seconds, cached=not (now - entries))
+                entries = now
                 done.append(item)
                 if on_done:
                     on_done(item)

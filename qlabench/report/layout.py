@@ -6,6 +6,8 @@ The speed tables (tables.py), the first-call section (firstcall.py) and the accu
 
 from __future__ import annotations
 
+import math
+
 PHASE_ORDER = ("fwd", "bwd", "fwdbwd")
 PHASE_TITLE = {"fwd": "FORWARD", "bwd": "BACKWARD", "fwdbwd": "FORWARD+BACKWARD"}
 MISSING = "-"
@@ -23,3 +25,26 @@ def md_row(cells: list[str]) -> str:
 def md_rule(n_cols: int, n_left: int) -> str:
     """A markdown header rule: the first ``n_left`` columns left-aligned, the rest right-aligned."""
     return "|" + "|".join("---" if i < n_left else "---:" for i in range(n_cols)) + "|"
+
+
+def ran_pattern(pattern: str, seqlens, pad_tokens=None) -> str:
+    """A row's pattern as it ran: its name when the row's seqlens are the pattern's, else the lengths
+    run with the name in parentheses (`1x512 (of 1x32768)`: `run --quick` on the CPU shrinks every
+    pattern to at most 512 tokens and keeps the name as the row's identity)."""
+    if not isinstance(seqlens, (list, tuple)) or not seqlens:
+        return pattern
+    from qlabench.workload import parse_pattern  # lazy: the renderers need it only for this
+
+    try:
+        nominal = parse_pattern(pattern)
+    except (ValueError, TypeError):
+        return pattern
+    lens = tuple(int(s) for s in seqlens)
+    pad = int(pad_tokens) if isinstance(pad_tokens, (int, float)) and not math.isnan(pad_tokens) else 0
+    if nominal.seqlens == lens and nominal.pad == pad:
+        return pattern
+    if len(set(lens)) == 1:
+        ran = f"{lens[0]}x{len(lens)}" if len(lens) > 1 else f"1x{lens[0]}"
+    else:
+        ran = "+".join(str(s) for s in lens)
+    return f"{ran}{f'+pad{pad}' if pad else ''} (of {pattern})"

@@ -37,7 +37,7 @@ import pandas as pd
 from qlabench import roofline
 from qlabench.report import accuracy, firstcall, kernelsplit
 from qlabench.report.frame import Collected, backends_in_order, collect, dedupe_latest, default_subject
-from qlabench.report.layout import MISSING, PHASE_ORDER, PHASE_TITLE, md_row, phase_heading
+from qlabench.report.layout import MISSING, PHASE_ORDER, PHASE_TITLE, md_row, phase_heading, ran_pattern
 
 FORMATS = ("text", "md", "csv", "html")
 _N_LABEL_COLS = 2  # label columns are left-aligned, numbers right-aligned, like FlashQLA's file
@@ -193,7 +193,7 @@ def _phase_table(df, phase, subject, peers, backends, peak) -> PhaseTable:
             line = Line(
                 preset=str(row["preset"]),
                 model=str(row["model"]) if row["model"] is not None and not pd.isna(row["model"]) else "",
-                pattern=str(row["pattern"]),
+                pattern=ran_pattern(str(row["pattern"]), seqlens, row.get("pad_tokens")),
                 h_qk=int(row["h_qk"]),
                 h_v=int(row["h_v"]),
                 n_seqs=_int_or_none(row.get("n_seqs")),
@@ -324,7 +324,10 @@ def header_lines(report: Report) -> list[str]:
     if run.get("quick"):
         cfg.append("quick")
     out.append("Config: " + (", ".join(cfg) if cfg else "unknown (rows carry no run block)"))
-    out.append(f"Subject: {report.subject}; speedup = peer time / {report.subject} time (median)")
+    if report.peers:
+        out.append(f"Subject: {report.subject}; speedup = peer time / {report.subject} time (median)")
+    else:  # one backend: times only, nothing to divide by
+        out.append(f"Backend: {report.subject} (no peer backend in the results: no speedups)")
     versions = env.get("versions") or {}
     if versions:
         out.append("Library Versions:")

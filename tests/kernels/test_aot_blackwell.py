@@ -76,6 +76,18 @@ def test_aot_blackwell_forward(aot_run, arch):
     assert set(kernels) == set(FORWARD), sorted(kernels)
     if arch == "sm120":
         assert "skipped: backward: not available for sm120" in result.output
+        # TileLang's INFO lines stay out of the table; a fresh cache compiles, a second run loads
+        assert "TileLang" not in result.output, result.output
+        assert all(ln.split()[-3] == "compiled" for ln in result.output.splitlines() if ln.startswith("  ") and
+                   not ln.startswith("  skipped")), result.output
+        with pytest.MonkeyPatch.context() as mp:  # aot sets TILELANG_CACHE_DIR; restored after
+            mp.setenv("TILELANG_CACHE_DIR", str(cache))
+            again = CliRunner().invoke(main, ["aot", "--arch", arch, "--cfg", "hk1_hv2", "--state-layout", "kv",
+                                              "--cache-dir", str(cache)])
+        assert again.exit_code == 0, again.output
+        assert again.output.splitlines()[-1].startswith("0 kernels compiled, 6 cached"), again.output
+        assert [ln.split()[-3] for ln in again.output.splitlines() if ln.startswith("  ") and
+                not ln.startswith("  skipped")] == ["cached"] * 6, again.output
     else:
         assert "skipped" not in result.output
     for name, builds in kernels.items():
