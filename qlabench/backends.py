@@ -50,7 +50,7 @@ class Backend:
         """Verifies, from the GPU kernel names one call launched, that the intended path ran."""
         return True, ""
 
-    def with_options(self, spec: str) -> "Backend":
+    def with_options(self, spec: str) -> Backend:
         """This backend with the options ``spec`` (the part after ``name:``); ValueError naming the
         bad key or value. Backends without options refuse any."""
         raise ValueError(f"backend {self.name!r} takes no options, got {self.name}:{spec}")
@@ -181,7 +181,7 @@ class QlaBackend(Backend):
         label = options.label()
         return f"qla:{label}" if label else "qla"
 
-    def with_options(self, spec: str) -> "QlaBackend":
+    def with_options(self, spec: str) -> QlaBackend:
         from qlabench.kernels.options import parse_options
 
         return QlaBackend(parse_options(spec, base=self.options))

@@ -66,7 +66,7 @@ class KernelOptions:
                                  f"got {value!r}")
 
     @classmethod
-    def from_env(cls, environ=None) -> "KernelOptions":
+    def from_env(cls, environ=None) -> KernelOptions:
         """The QLABENCH_* switches (unset: the default); a bad value raises ValueError naming the
         variable and the value (the message dispatch.env_choice gives)."""
         from .dispatch import env_choice
@@ -75,7 +75,7 @@ class KernelOptions:
                       for name, var in ENV_VARS.items()})
 
     @classmethod
-    def from_dict(cls, d: dict | None) -> "KernelOptions":
+    def from_dict(cls, d: dict | None) -> KernelOptions:
         """From a results row's ``options`` (None or missing keys: defaults; an unknown key raises)."""
         d = dict(d or {})
         unknown = sorted(set(d) - set(CHOICES))
@@ -83,7 +83,7 @@ class KernelOptions:
             raise ValueError(f"unknown kernel option {unknown[0]!r}; known: {', '.join(CHOICES)}")
         return cls(**d)
 
-    def replace(self, **changes) -> "KernelOptions":
+    def replace(self, **changes) -> KernelOptions:
         unknown = sorted(set(changes) - set(CHOICES))
         if unknown:
             raise ValueError(f"unknown kernel option {unknown[0]!r}; known: {', '.join(CHOICES)}")

@@ -43,7 +43,9 @@ def make_inputs(T, h_qk, h_v, *, cu_seqlens=None, B=1, gate="bench", h0=False, s
 
 
 def rel_l2(x: torch.Tensor, ref: torch.Tensor) -> float:
-    """||x - ref|| / ||ref|| in float64; inf when x has NaN/Inf."""
+    """||x - ref|| / ||ref|| in float64; inf when x has NaN/Inf. The kernel tests' one definition (the
+    suite's is qlabench.check.rel_l2, which gives NaN there: a results file records it; an inf here
+    keeps ``max()`` of several errors failing whichever comes first)."""
     x = x.double()
     ref = ref.double()
     if not torch.isfinite(x).all():

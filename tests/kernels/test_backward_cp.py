@@ -27,6 +27,8 @@ from qlabench.kernels.forward_cp import ForwardKernels, _fwd_cp
 from qlabench.kernels.reference import chunk_gated_delta_rule_ref, chunk_intermediates_ref
 from qlabench.kernels.validate import validate
 
+from .gdn_inputs import rel_l2
+
 F64 = torch.float64
 NAMES = ("dq", "dk", "dv", "dbeta", "dg", "dh0")
 EXACT = 1e-8  # relative (to the largest entry of the reference gradient)
@@ -282,11 +284,6 @@ def test_truncation_error_within_bound():
     assert err[last].max() <= 1e-10
 
 
-def _rel_l2(x, ref):
-    x, ref = x.double(), ref.double()
-    return float((x - ref).norm() / ref.norm()) if torch.isfinite(x).all() else float("inf")
-
-
 @pytest.mark.parametrize("case", ["varlen-h0", "dense-qwen-vk"])
 def test_bf16_staging_matches_the_plain_backward(case, monkeypatch):
     """With the kernels' bf16 staging (the twins stage in the buffers' dtype) the CP backward stays
@@ -306,7 +303,7 @@ def test_bf16_staging_matches_the_plain_backward(case, monkeypatch):
         args["initial_state"], args["cu_seqlens"], args["state_v_first"], args["C"], KERNEL_TWINS)))
     for name in NAMES:
         assert got[name].dtype == plain[name].dtype, name
-        e_ref, e_plain = _rel_l2(got[name], want[name]), _rel_l2(got[name], plain[name])
+        e_ref, e_plain = rel_l2(got[name], want[name]), rel_l2(got[name], plain[name])
         assert e_ref <= 0.02, f"{name}: rel-L2 {e_ref:.3g} vs the reference"
         assert e_plain <= 0.02, f"{name}: rel-L2 {e_plain:.3g} vs the plain backward"
 

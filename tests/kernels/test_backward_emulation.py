@@ -16,6 +16,7 @@ from qlabench.kernels.emulate_bwd import emulate_chunk_gated_delta_rule_bwd
 from qlabench.kernels.reference import chunk_gated_delta_rule_ref, chunk_intermediates_ref
 
 from .cases import Case
+from .gdn_inputs import rel_l2
 
 F64 = torch.float64
 NAMES = ("dq", "dk", "dv", "dbeta", "dg", "dh0")
@@ -59,9 +60,6 @@ def make_problem(case: Case):
                 chunk_size=case.C, **{n: kw[n] for n in ("scale", "cu_seqlens", "state_v_first")})
     return grads, args
 
-
-def rel_l2(x: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((x - ref).norm() / ref.norm().clamp_min(1e-300))
 
 
 CASES = [

@@ -21,6 +21,8 @@ import torch.nn.functional as F
 from qlabench.kernels import backward
 from qlabench.kernels.reference import chunk_gated_delta_rule_ref
 
+from .gdn_inputs import rel_l2
+
 pytestmark = pytest.mark.gpu
 TOL = 0.02
 F64 = torch.float64
@@ -50,14 +52,6 @@ def make_inputs(T, h_qk, h_v, *, B=1, cu_seqlens=None, gate="bench", h0=False, d
         "dht": torch.randn(state, device=dev) if dht else None,
         "state_v_first": state_v_first,
     }
-
-
-def rel_l2(x: torch.Tensor, ref: torch.Tensor) -> float:
-    x, ref = x.double(), ref.double()
-    if not torch.isfinite(x).all():
-        return float("inf")
-    den = ref.norm().item()
-    return (x - ref).norm().item() / den if den > 0 else (x - ref).norm().item()
 
 
 def reference_grads(inp, do):

@@ -21,6 +21,8 @@ from qlabench.kernels.emulate_bwd import KERNEL_TWINS
 from qlabench.kernels.reference import chunk_gated_delta_rule_ref, chunk_intermediates_ref
 from qlabench.kernels.validate import validate
 
+from .gdn_inputs import rel_l2
+
 F64 = torch.float64
 NAMES = ("dq", "dk", "dv", "dbeta", "dg", "dh0")
 TOL = 0.02
@@ -102,12 +104,6 @@ def run_twins(args, monkeypatch, twins=KERNEL_TWINS, host_bounds=True):
                              args["state_v_first"], 64, twins)
     return dict(zip(NAMES, out))
 
-
-def rel_l2(x, ref) -> float:
-    x, ref = x.double(), ref.double()
-    if not torch.isfinite(x).all():
-        return float("inf")
-    return float((x - ref).norm() / ref.norm())
 
 
 CASES = [

@@ -223,8 +223,8 @@ def test_cp_option_routes_forward_and_backward(monkeypatch):
     monkeypatch.setattr(forward, "_sm_count", lambda device: 132)
     monkeypatch.setattr(dispatch, "arch_for_device", lambda device: dispatch.arch_by_name("sm90"))
     x = torch.zeros(1, 32768, 16, 128)
-    kw = dict(scale=1.0, initial_state=None, cu_seqlens=None, output_final_state=True, output_h=False,
-              state_v_first=False)
+    kw = {"scale": 1.0, "initial_state": None, "cu_seqlens": None, "output_final_state": True,
+          "output_h": False, "state_v_first": False}
     on = KernelOptions(cp="on", bwd_dh="ws")
     assert api._forward(x, x, x, x[..., 0], x[..., 0], **kw, options=on)[0] is None
     assert api._forward(x, x, x, x[..., 0], x[..., 0], **kw, options=KernelOptions())[5] is None
@@ -248,6 +248,6 @@ def test_cp_option_routes_forward_and_backward(monkeypatch):
 
 
 def test_public_api_rejects_other_option_types():
-    q, k, v, g, beta, h0, cu = _inputs()
+    q, k, v, g, beta, _, cu = _inputs()
     with pytest.raises(TypeError, match="KernelOptions"):
         api.chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu, options={"cp": "on"})
