@@ -75,6 +75,9 @@ def _setup_error(msg: str) -> None:
 @click.option("--verbose", is_flag=True,
               help="End-of-run report with the first-call section (compile / load time per head configuration) "
                    "and its explanation [default: speed and accuracy only; `qlabench report` shows it all].")
+@click.option("--verbose", is_flag=True,
+              help="End-of-run report with the first-call section (compile / load time per head configuration) "
+                   "and its explanation [default: speed and accuracy only; `qlabench report` shows it all].")
 @click.option("--kernel-split", is_flag=True,
               help="Also profile a few calls of every timed row (torch.profiler) and record its device time "
               "per kernel name (row field kernel_split, us per call); reports show it per case "
@@ -202,6 +205,23 @@ def _run_locked(res, out_path, cfg, bes, names, cases, slots, env, sw, arch, dev
     click.echo(_end_of_run_tables(res, verbose))
     counts = {s: sum(r["status"] == s for r in res["rows"]) for s in R.STATUSES}
     click.echo(f"wrote {out_path}: " + ", ".join(f"{v} {k}" for k, v in counts.items() if v))
+
+
+def _end_of_run_tables(res: dict, verbose: bool) -> str:
+    """The run's report: everything with --verbose; else without the first-call section (its paragraph
+    of explanation printed after every run hid the tables; `qlabench report FILE` still shows it)."""
+    from qlabench import runner as RN
+
+    if verbose:
+        return RN.format_tables(res)
+    try:
+        from dataclasses import replace
+
+        from qlabench.report.tables import build_report, render_text
+
+        return render_text(replace(build_report(res), first_calls=[]))
+    except Exception:  # noqa: BLE001 - the rows are saved; the table is a convenience (format_tables falls back)
+        return RN.format_tables(res)
 
 
 def _end_of_run_tables(res: dict, verbose: bool) -> str:
@@ -492,7 +512,7 @@ def compare_cmd(base, current, min_effect, backends, changes_only, allow_differe
 
 
 @main.command("gate")
-@click.argument("current", type=click.Path(dir_okay=False))
+@click.argument("current", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("--baseline", type=click.Path(dir_okay=False), default=None,
               help="Baseline results of the same GPU model (e.g. results/baselines/h200.json) [default: none; "
               "then only --min-speedup and correctness gate].")
@@ -500,19 +520,23 @@ def compare_cmd(base, current, min_effect, backends, changes_only, allow_differe
               help="Largest confirmed slowdown against the baseline that still passes.")
 @click.option("--min-speedup", "min_speedups", multiple=True,
               help="SUBJECT/PEER=RATIO, repeatable: geomean of peer time / subject time inside CURRENT must "
-              "reach RATIO (e.g. qla/fla=2.5).")
+              "reach RATIO (e.g. qla/fla=2.5); the peer's rows may come from another CURRENT file.")
 @click.option("--backend", "backends", multiple=True,
               help="Backend(s) whose correctness and times are gated [default: qla if it has ok rows].")
 @click.option("--min-effect", default="2%", show_default=True, help="Noise band for verdicts (see compare).")
 def gate_cmd(current, baseline, max_regression, min_speedups, backends, min_effect) -> None:
     """CI gate. Exit 0 pass; 1 a regression, a correctness failure, a baseline row missing from CURRENT,
     a ratio not met; 2 inputs that cannot be compared (invalid or empty results, other GPU model, ...)
-    and any unexpected error (one line, never a pass)."""
+    and any unexpected error (one line, never a pass).
+
+    Several CURRENT files (one GPU model) are merged into one run, a row in two files taken from the
+    later one: `gate qla.json peers.json --min-speedup qla/fla=2.5`."""
     from qlabench.gate import CompareError, gate, parse_min_speedup, parse_percent
 
     try:
         reqs = [parse_min_speedup(t) for t in min_speedups]
-        res = gate(current, baseline, max_regression=parse_percent(max_regression), min_speedups=reqs,
+        res = gate(list(current) if len(current) > 1 else current[0], baseline,
+                   max_regression=parse_percent(max_regression), min_speedups=reqs,
                    backends=list(backends) or None, min_effect=parse_percent(min_effect))
         text = res.render()
     except (CompareError, ValueError) as exc:  # ResultsError is a ValueError
@@ -573,16 +597,28 @@ def baseline_update_cmd(results, gpu, backends, out_file) -> None:
 @click.option("--gpu", default=None, help="GPU name substring, required when the directory mixes GPU models.")
 @click.option("--min-effect", default="5%", show_default=True, help="Smallest sustained change called a step.")
 @click.option("--plot", "plot_file", type=click.Path(dir_okay=False), default=None, help="Write a PNG here.")
-def history_cmd(results_dir, cfg, phases, subject, gpu, min_effect, plot_file) -> None:
-    """The subject's time and ratios per case across runs, with step detection and attribution."""
+@click.option("--variants", is_flag=True,
+              help="Keep A/B runs in the timeline: rows with kernel options (qla:bwd_dh=ws) and *.ab.json files "
+              "[default: left out, each named on stderr].")
+def history_cmd(results_dir, cfg, phases, subject, gpu, min_effect, plot_file, variants) -> None:
+    """The subject's time and ratios per case across runs, with step detection and attribution.
+
+    Every results file under RESULTS_DIR is a run, except (each named on stderr): runs without a GPU
+    (CPU smoke runs), A/B variants unless --variants (rows whose backend carries kernel options, files
+    named *.ab.json), and a copy of another run (same GPU, commit, timestamp, and its rows all in the
+    other file: results/baselines/<gpu>.json) which is counted once."""
     from pathlib import Path
 
     from qlabench.gate import parse_percent
-    from qlabench.history import build_history, format_history, load_runs, plot_history
+    from qlabench.history import build_history, format_history, load_runs, plot_history, timeline
 
     skipped: list[tuple[str, str]] = []
     try:
-        runs = load_runs(results_dir, skipped)
+        runs, left_out = timeline(load_runs(results_dir, skipped), variants=variants)
+        for note in left_out:
+            click.echo(f"history: {note}", err=True)
+        if not runs:
+            raise ValueError(f"no GPU runs left under {results_dir!r} (see the lines above)")
         if gpu:
             runs = [r for r in runs if gpu.lower() in str(r.env.get("gpu_name") or "").lower()]
             if not runs:
@@ -654,6 +690,10 @@ def aot(arch, cache_dir, cfgs, dtypes, state_layout, no_backward, verbose):
     layouts = {"both": (False, True), "kv": (False,), "vk": (True,)}[state_layout]
     from qlabench.kernels.aot import compile_all, not_available
 
+    if not verbose:  # TileLang logs two INFO lines per kernel; its import sets the level, so after it
+        import tilelang  # noqa: F401
+
+        logging.getLogger("tilelang").setLevel(logging.WARNING)
     if not verbose:  # TileLang logs two INFO lines per kernel; its import sets the level, so after it
         import tilelang  # noqa: F401
 

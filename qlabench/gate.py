@@ -32,7 +32,14 @@ from typing import Any
 import pandas as pd
 
 from qlabench import results as R
-from qlabench.report.frame import Collected, ResultsError, backends_in_order, collect, default_subject
+from qlabench.report.frame import (
+    Collected,
+    ResultsError,
+    backends_in_order,
+    collect,
+    dedupe_latest,
+    default_subject,
+)
 from qlabench.report.summary import geomean
 
 MATCH_KEY = R.KEY_FIELDS
@@ -281,7 +288,11 @@ def gate(
     backends: list[str] | None = None,
     min_effect: float = DEFAULT_MIN_EFFECT,
 ) -> GateResult:
-    """Decide pass/fail. Raises CompareError for inputs that cannot be compared (exit 2)."""
+    """Decide pass/fail. Raises CompareError for inputs that cannot be compared (exit 2).
+
+    ``current`` may be several results files of one GPU model (a list): they are merged into one run
+    (a row present in two files: the later file's wins), so peers measured in another file take part
+    in the --min-speedup ratios."""
     min_speedups = list(min_speedups or [])
     if baseline is None and not min_speedups:
         raise CompareError("nothing to gate: give --baseline and/or at least one --min-speedup")
@@ -289,13 +300,17 @@ def gate(
         cur = collect(current)
     except ResultsError as exc:
         raise CompareError(str(exc)) from exc
+    if len(cur.sources) > 1:  # one run from several files: one GPU model, one row per identity
+        _gpu_name(cur)
+        cur = Collected(envs=cur.envs, runs=cur.runs, sources=cur.sources, df=dedupe_latest(cur.df))
+    where = " + ".join(cur.sources)
     names = backends_in_order(cur.df)
     if not names:
-        raise CompareError(f"{cur.sources[0]}: no rows")
+        raise CompareError(f"{where}: no rows")
     gated = list(backends) if backends else [default_subject(cur.df)]
     for name in gated + [b for r in min_speedups for b in (r.subject, r.peer)]:
         if name not in names:
-            raise CompareError(f"backend {name!r} is not in {cur.sources[0]} (have: {', '.join(names)})")
+            raise CompareError(f"backend {name!r} is not in {where} (have: {', '.join(names)})")
 
     result = GateResult(EXIT_OK)
     df = cur.df
@@ -333,12 +348,12 @@ def gate(
         result.comparison = cmp
         if not cmp.pairs:
             raise CompareError(
-                f"no common rows between the baseline and {cur.sources[0]} for {', '.join(gated)} "
+                f"no common rows between the baseline and {where} for {', '.join(gated)} "
                 f"(matched on {', '.join(R.KEY_FIELDS)})"
             )
         # A baseline row the current run lacks was not measured: it cannot pass by being absent.
         for label in cmp.only_base:
-            result.failures.append(f"{label}: in the baseline, missing from {cur.sources[0]}")
+            result.failures.append(f"{label}: in the baseline, missing from {where}")
         limit = 1 + max_regression
         regressions = [p for p in cmp.pairs if p.verdict == "SLOWER" and p.ratio > limit]
         for p in regressions:

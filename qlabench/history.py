@@ -29,6 +29,10 @@ from qlabench.report.frame import backends_in_order, collect, default_subject
 DEFAULT_MIN_EFFECT = 0.05
 DEFAULT_K_NOISE = 3.0
 DEFAULT_MIN_RUN = 2
+COMMIT_WIDTH = 7
+# A results file named *.ab.json is an A/B run of a kernel variant under switches its rows do not record
+# (files from before rows carried `options`): kept out of the timeline, like rows with kernel options.
+AB_SUFFIX = ".ab.json"
 
 # Row backend -> env.versions key (the library whose version change moves that backend's times).
 BACKEND_VERSION_KEY = {"qla": "qlabench", "fla": "fla", "flash_qla": "flash_qla", "torch": "torch"}
@@ -119,7 +123,8 @@ class Run:
 
     @property
     def label(self) -> str:
-        return f"{self.timestamp[:19]} {self.commit[:8]}"
+        # commits are stored full or short (7): always 7 hex digits
+        return f"{self.timestamp[:19]} {self.commit[:COMMIT_WIDTH]}"
 
 
 def load_runs(results_dir: str | Path, skipped: list[tuple[str, str]] | None = None) -> list[Run]:
@@ -152,6 +157,62 @@ def load_runs(results_dir: str | Path, skipped: list[tuple[str, str]] | None = N
         raise ValueError(f"no qlabench results files with rows (schema {R.SCHEMA}) under {str(root)!r}")
     runs.sort(key=lambda r: (r.timestamp, r.commit, r.path))
     return runs
+
+
+def timeline(runs: list[Run], variants: bool = False) -> tuple[list[Run], list[str]]:
+    """The runs a history follows, and one note per file or row set left out. Rules:
+
+    * a run without a GPU name (a CPU smoke run) is left out: its times are not GPU figures;
+    * unless ``variants``, an A/B run is left out: rows whose backend carries kernel options
+      (``qla:bwd_dh=ws``, ``results.backend_key``), and whole files named ``*.ab.json``;
+    * a copy is counted once: a file whose rows (identity and median) all appear in another file of
+      the same GPU, commit and timestamp (``results/baselines/h200.json`` after ``baseline update``)
+      is dropped in favour of that file.
+    """
+    notes, kept = [], []
+    for run in runs:
+        if not run.env.get("gpu_name"):
+            notes.append(f"left out {run.path}: no GPU (a CPU run)")
+            continue
+        if not variants and run.path.endswith(AB_SUFFIX):
+            notes.append(f"left out {run.path}: an A/B variant file (*{AB_SUFFIX}; --variants keeps it)")
+            continue
+        if not variants and len(run.df):
+            keys = [R.backend_key(r) for r in run.df.to_dict("records")]
+            plain = [":" not in k for k in keys]
+            if not all(plain):
+                names = sorted({k for k, p in zip(keys, plain) if not p})
+                notes.append(f"left out {len(plain) - sum(plain)} rows of {run.path}: kernel variants "
+                             f"{', '.join(names)} (--variants keeps them)")
+                run.df = run.df[plain].reset_index(drop=True)
+                if not len(run.df):
+                    continue
+        kept.append(run)
+    prints = {id(r): _fingerprint(r) for r in kept}
+    out = []
+    for run in kept:
+        same = [o for o in kept if o is not run and _same_run(o, run) and prints[id(run)] <= prints[id(o)]]
+        # keep the larger file; between equal ones, the one outside a baselines/ folder, then by path
+        better = [o for o in same if (len(prints[id(o)]), "baselines" not in Path(o.path).parts, o.path)
+                  > (len(prints[id(run)]), "baselines" not in Path(run.path).parts, run.path)
+                  or prints[id(o)] != prints[id(run)]]
+        if better:
+            notes.append(f"left out {run.path}: a copy of {better[0].path} (same commit, timestamp and rows)")
+            continue
+        out.append(run)
+    return out, notes
+
+
+def _same_run(a: Run, b: Run) -> bool:
+    return (a.timestamp, a.commit[:COMMIT_WIDTH], a.env.get("gpu_name")) == \
+        (b.timestamp, b.commit[:COMMIT_WIDTH], b.env.get("gpu_name"))
+
+
+def _fingerprint(run: Run) -> frozenset:
+    """(row identity, status, median) of every row: two files holding the same measurements match."""
+    recs = run.df.to_dict("records")
+    return frozenset((R.row_key(r), r.get("status"), None if pd.isna(r.get("median_ms")) else float(r["median_ms"]))
+                     for r in recs)
 
 
 def _version(run: Run, backend: str) -> str | None:
@@ -359,6 +420,6 @@ def plot_history(hist: list[CaseHistory], path: str | Path, gpu: str | None = No
     return Path(path)
 
 
-def history(results_dir: str | Path, **kw: Any) -> tuple[list[Run], list[CaseHistory]]:
-    runs = load_runs(results_dir)
+def history(results_dir: str | Path, variants: bool = False, **kw: Any) -> tuple[list[Run], list[CaseHistory]]:
+    runs, _ = timeline(load_runs(results_dir), variants=variants)
     return runs, build_history(runs, **kw)

@@ -181,3 +181,20 @@ def test_compare_cli(files):
     assert r.exit_code == 0 and "SLOWER" in r.output and "qla: 1.095" in r.output
     r = CliRunner().invoke(main, ["compare", files["base"], files["h100"]])
     assert r.exit_code == 2 and "different GPU models" in r.output
+
+
+def test_gate_merges_several_current_files(tmp_path):
+    """qla measured in one file, its peer in another: gated together with --min-speedup; files of two
+    GPU models are refused (exit 2)."""
+    ours = _write(tmp_path, "qla.json", _doc([_row("qla", 1.0), _row("qla", 0.5, pattern="1x8192")]))
+    peers = _write(tmp_path, "peers.json", _doc([_row("fla", 3.0), _row("fla", 1.5, pattern="1x8192")]))
+    r = _gate(ours, peers, "--min-speedup", "qla/fla=2.5")
+    assert r.exit_code == 0, r.output
+    assert "geomean 3.00x over 2 cases" in r.output
+    r = _gate(ours, peers, "--min-speedup", "qla/fla=3.5")
+    assert r.exit_code == 1 and "geomean 3.00x" in r.output
+    r = _gate(ours, "--min-speedup", "qla/fla=2.5")  # one file: the peer is not there
+    assert r.exit_code == 2 and "'fla' is not in" in r.output
+    other = _write(tmp_path, "b200.json", _doc([_row("fla", 3.0)], gpu="NVIDIA B200"))
+    r = _gate(ours, other, "--min-speedup", "qla/fla=2.5")
+    assert r.exit_code == 2 and "mixes GPUs" in r.output

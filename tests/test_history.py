@@ -79,3 +79,32 @@ def test_history_refuses_mixed_gpus(tmp_path):
     assert r.exit_code == 2 and "mixes GPU models" in r.output
     r = CliRunner().invoke(main, ["history", str(d), "--gpu", "H200"])
     assert r.exit_code == 0, r.output
+
+
+def test_history_timeline_copies_variants_cpu_and_commit_width(tmp_path):
+    """A baseline copied from a run counts once; *.ab.json files and rows with kernel options stay out
+    unless --variants; a CPU run stays out; commits print 7 wide whether stored full or short."""
+    d = _history_dir(tmp_path)
+    ci = json.loads((d / "run6" / "results.json").read_text())
+    (d / "baselines").mkdir()
+    ci["rows"] = [r for r in ci["rows"] if r["backend"] == "qla"]  # baseline update --backends qla
+    (d / "baselines" / "h200.json").write_text(json.dumps(ci))
+    ab = make_results([make_row("fwd", 16, 16, "1x32768", "qla", 0.5)], timestamp="2026-12-08T00:00:00Z",
+                      git_commit="abcdef0123456789")
+    (d / "run6" / "dhws.ab.json").write_text(json.dumps(ab))
+    ws = {**make_row("fwd", 16, 16, "1x32768", "qla", 0.4), "backend": "qla:bwd_dh=ws", "options": {"bwd_dh": "ws"}}
+    variant = make_results([make_row("fwd", 16, 16, "1x32768", "qla", 1.2), ws],
+                           timestamp="2026-12-09T00:00:00Z", git_commit="0123456789abcdef")
+    (d / "variant.json").write_text(json.dumps(variant))
+    cpu = make_results([make_row("fwd", 16, 16, "1x32768", "torch", 40.0)], gpu_name=None, device="cpu")
+    (d / "cpu.json").write_text(json.dumps(cpu))
+    r = CliRunner().invoke(main, ["history", str(d), "--cfg", "1x32768"])
+    assert r.exit_code == 0, r.output
+    assert "8 runs on NVIDIA H200" in r.output  # 7 runs + variant.json's default row
+    assert "baselines/h200.json: a copy of" in r.output and "run6/results.json" in r.output
+    assert "dhws.ab.json: an A/B variant file" in r.output and "no GPU (a CPU run)" in r.output
+    assert "left out 1 rows of" in r.output and "qla:bwd_dh=ws" in r.output
+    lines = [ln for ln in r.output.splitlines() if ln.startswith("  2026-")]
+    assert len(lines) == 8 and lines[-1].split()[1] == "0123456" and all(len(ln.split()[1]) <= 7 for ln in lines)
+    r = CliRunner().invoke(main, ["history", str(d), "--cfg", "1x32768", "--variants"])
+    assert r.exit_code == 0 and "9 runs on NVIDIA H200" in r.output and "ratio vs fla, qla:bwd_dh=ws" in r.output, r.output
