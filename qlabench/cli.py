@@ -75,9 +75,6 @@ def _setup_error(msg: str) -> None:
 @click.option("--verbose", is_flag=True,
               help="End-of-run report with the first-call section (compile / load time per head configuration) "
                    "and its explanation [default: speed and accuracy only; `qlabench report` shows it all].")
-@click.option("--verbose", is_flag=True,
-              help="End-of-run report with the first-call section (compile / load time per head configuration) "
-                   "and its explanation [default: speed and accuracy only; `qlabench report` shows it all].")
 @click.option("--kernel-split", is_flag=True,
               help="Also profile a few calls of every timed row (torch.profiler) and record its device time "
               "per kernel name (row field kernel_split, us per call); reports show it per case "
@@ -205,23 +202,6 @@ def _run_locked(res, out_path, cfg, bes, names, cases, slots, env, sw, arch, dev
     click.echo(_end_of_run_tables(res, verbose))
     counts = {s: sum(r["status"] == s for r in res["rows"]) for s in R.STATUSES}
     click.echo(f"wrote {out_path}: " + ", ".join(f"{v} {k}" for k, v in counts.items() if v))
-
-
-def _end_of_run_tables(res: dict, verbose: bool) -> str:
-    """The run's report: everything with --verbose; else without the first-call section (its paragraph
-    of explanation printed after every run hid the tables; `qlabench report FILE` still shows it)."""
-    from qlabench import runner as RN
-
-    if verbose:
-        return RN.format_tables(res)
-    try:
-        from dataclasses import replace
-
-        from qlabench.report.tables import build_report, render_text
-
-        return render_text(replace(build_report(res), first_calls=[]))
-    except Exception:  # noqa: BLE001 - the rows are saved; the table is a convenience (format_tables falls back)
-        return RN.format_tables(res)
 
 
 def _end_of_run_tables(res: dict, verbose: bool) -> str:
@@ -690,10 +670,6 @@ def aot(arch, cache_dir, cfgs, dtypes, state_layout, no_backward, verbose):
     layouts = {"both": (False, True), "kv": (False,), "vk": (True,)}[state_layout]
     from qlabench.kernels.aot import compile_all, not_available
 
-    if not verbose:  # TileLang logs two INFO lines per kernel; its import sets the level, so after it
-        import tilelang  # noqa: F401
-
-        logging.getLogger("tilelang").setLevel(logging.WARNING)
     if not verbose:  # TileLang logs two INFO lines per kernel; its import sets the level, so after it
         import tilelang  # noqa: F401
 
