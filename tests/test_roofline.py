@@ -25,6 +25,7 @@ def test_backward_counts_and_sequences():
 def test_h200_floors_match_design_table():
     h200 = roofline.find_gpu("NVIDIA H200")
     assert h200 is not None and h200.tflops == 790 and h200.tbps == 4.3
+    assert "shared/" not in h200.source and "989" in h200.source  # the figures stated, no file outside the repo
     f = roofline.floor(roofline.work("fwd", 16, 16, [T]), h200)
     assert f.seconds == pytest.approx(126.3e-6, rel=2e-3) and f.bound == "memory"
     f = roofline.floor(roofline.work("fwd", 16, 32, [T]), h200)

@@ -48,6 +48,17 @@ def _panels(n: int, width: float, height: float):
 
 def plot_speedup_bars(report: Report, table: PhaseTable, path: Path) -> Path | None:
     """Grouped bars: subject speedup over each peer, per pattern, one panel per preset."""
+    fig = speedup_figure(report, table)
+    if fig is None:
+        return None
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
+
+
+def speedup_figure(report: Report, table: PhaseTable):
+    """The figure of plot_speedup_bars (None without peers). The title and one legend for every
+    panel sit in a band above the panels, so neither covers a panel's title or its bars."""
     if not table.peers:
         return None
     fig, axes = _panels(len(table.groups), 6.4, 3.8)
@@ -90,17 +101,18 @@ def plot_speedup_bars(report: Report, table: PhaseTable, path: Path) -> Path | N
         ax.set_xlabel("sequence-length pattern")
         model = lines[0].model if lines and lines[0].model and lines[0].model != preset else ""
         ax.set_title(f"{preset}" + (f" ({model})" if model else ""), fontsize=10)
-        ax.set_ylim(0, max(1.2, ax.get_ylim()[1] * 1.08))
-        ax.legend(fontsize=8, loc="upper right")
+        ax.set_ylim(0, max(1.2, ax.get_ylim()[1] * 1.12))  # room for the value labels over the bars
+    height = fig.get_figheight()  # inches; the band above the panels: two title lines, one legend row
     fig.suptitle(
-        f"{_gpu(report)}: {_PHASE_WORD[table.phase]} speedup of {table.subject} "
+        f"{_gpu(report)}: {_PHASE_WORD[table.phase]} speedup of {table.subject}\n"
         f"(peer median time / {table.subject} median time)",
-        fontsize=11,
+        fontsize=11, y=1 - 0.06 / height, va="top",
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return path
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 1 - 0.55 / height), ncol=len(labels),
+               fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.9 / height))
+    return fig
 
 
 def plot_latency(report: Report, table: PhaseTable, path: Path) -> Path | None:

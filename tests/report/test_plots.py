@@ -26,3 +26,27 @@ def test_write_plots(tmp_path):
             p = tmp_path / f
             assert p.stat().st_size > 10_000, f
             assert _non_blank(p), f
+
+
+def test_speedup_plot_title_and_legend_cover_no_panel():
+    """The figure title and the legend sit above every panel: no overlap with a panel's title, and
+    the legend is outside every panel (it hid the rightmost bars)."""
+    import matplotlib.pyplot as plt
+
+    from qlabench.report.plots import speedup_figure
+
+    report = build_report(demo_results())
+    table = next(t for t in report.tables if t.phase == "fwd")
+    fig = speedup_figure(report, table)
+    fig.canvas.draw()
+    r = fig.canvas.get_renderer()
+    sup = fig._suptitle.get_window_extent(r)
+    (legend,) = fig.legends
+    leg = legend.get_window_extent(r)
+    for ax in fig.axes:
+        if not ax.get_visible():
+            continue
+        assert not sup.overlaps(ax.title.get_window_extent(r)) and not leg.overlaps(ax.get_window_extent(r))
+        assert not leg.overlaps(ax.title.get_window_extent(r)) and ax.get_legend() is None
+    assert not sup.overlaps(leg)
+    plt.close(fig)
