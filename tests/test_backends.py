@@ -94,3 +94,37 @@ def test_fla_kernel_classification():
              "recompute_w_u_fwd_kernel"]
     assert classify_kernels("fwd", fla06) == (True, "")
     assert not classify_kernels("fwd", fla06 + ["kkt_solve_kernel"])[0]
+
+
+def _imported_modules(path) -> set[str]:
+    """Every module a file imports (module level or inside functions), relative imports resolved."""
+    import ast
+
+    rel = path.relative_to(ROOT).with_suffix("").parts
+    package = list(rel if rel[-1] == "__init__" else rel[:-1])
+    package = [p for p in package if p != "__init__"]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(package[: len(package) - node.level + 1]) if node.level else ""
+            mod = ".".join(x for x in (base, node.module) if x)
+            out.add(mod)
+            out.update(f"{mod}.{a.name}" for a in node.names)
+    return out
+
+
+ROOT = __import__("pathlib").Path(B.__file__).parent.parent
+
+
+def test_no_registry_cycle():
+    """The registry is a leaf and the backend modules import it, never qlabench.backends (which imports
+    them): no backends <-> baselines cycle."""
+    pkg = ROOT / "qlabench"
+    ours = {m for m in _imported_modules(pkg / "registry.py") if m.startswith("qlabench")}
+    assert ours <= {"qlabench.workload", "qlabench.workload.Workload"}, ours
+    for f in sorted((pkg / "baselines").glob("*.py")):
+        mods = _imported_modules(f)
+        assert "qlabench.backends" not in mods, f.name
+    assert "qlabench.registry" in _imported_modules(pkg / "baselines" / "qla.py")

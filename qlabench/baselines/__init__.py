@@ -1,9 +1,11 @@
-"""Peer implementations behind the Backend protocol (qlabench/backends.py).
+"""The implementations behind the Backend protocol (qlabench/registry.py), one module each.
 
-Importing this package registers ``torch`` (float64 reference), ``fla`` (FLA Triton) and
-``flash_qla`` (upstream FlashQLA). None of them imports its library at module import time.
+Importing this package registers, in this order, ``qla`` (ours, qla.py), ``fla`` (FLA Triton),
+``flash_qla`` (upstream FlashQLA) and ``torch`` (float64 reference). None of them imports its library at
+module import time.
 """
 
+from . import qla  # noqa: I001 - first: the registry's order is the listing's
 from . import fla_triton, flash_qla, torch_ref
 
-__all__ = ["fla_triton", "flash_qla", "torch_ref"]
+__all__ = ["fla_triton", "flash_qla", "qla", "torch_ref"]

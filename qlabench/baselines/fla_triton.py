@@ -13,8 +13,8 @@ from __future__ import annotations
 import os
 import sys
 
-from qlabench.backends import Backend, register
 from qlabench.envinfo import library_versions
+from qlabench.registry import Backend, register
 
 # substrings of kernel names that mean the FlashQLA / TileLang path ran
 FOREIGN_KERNELS = ("tilelang", "flash_qla", "flashqla", "fused_gdr", "kkt_solve", "gdr_")

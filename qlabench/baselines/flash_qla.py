@@ -10,8 +10,8 @@ import contextlib
 
 import torch
 
-from qlabench.backends import Backend, register
 from qlabench.envinfo import library_versions
+from qlabench.registry import Backend, register
 
 
 @register("flash_qla")

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from qlabench.backends import Backend, register
 from qlabench.kernels.reference import chunk_gated_delta_rule_ref
+from qlabench.registry import Backend, register
 
 
 @register("torch")
