@@ -11,10 +11,10 @@ one by changing its row of `KERNEL_MODULES`:
     inverse's 32-row tf32 products stay mma.sync (tcgen05 tiles start at 64 rows). The Hopper files
     compiled for sm_100a would use mma.sync there (a plain `T.gemm` with a register accumulator).
   * sm90 only: ``kkt_solve_grouped`` (hopper/kkt_solve_grouped.py: kkt_solve with one block per chunk
-    and qk-head, looping over the GQA group's v-heads; opt-in, QLABENCH_KKT=grouped, forward.kkt_role).
+    and qk-head, looping over the GQA group's v-heads; opt-in, KernelOptions.kkt, forward.kkt_role).
   * sm90 only: ``chunk_fwd_ws``, the manually warp-specialized recurrence (hopper/chunk_fwd_ws.py), the
     forward's default recurrence where an arch has it (forward.recurrence_role); the others run
-    chunk_fwd_pipelined, and forcing ws there (QLABENCH_FWD_KERNEL=ws) raises ValueError.
+    chunk_fwd_pipelined, and forcing ws there (KernelOptions.fwd_kernel = ws) raises ValueError.
   * sm120 / sm121: blackwell_sm120/ re-exports the Hopper forward files compiled for sm_120a at C = 32
     (mma.sync + TMA: sm120 has neither wgmma nor tcgen05) and checks that each compiled kernel fits
     the 99 KB of shared memory per block; no backward (NotImplementedError).
@@ -86,8 +86,8 @@ FORWARD_ROLES = tuple(_HOPPER_FORWARD)
 BACKWARD_ROLES = tuple(_HOPPER_BACKWARD)
 KERNEL_MODULES: dict[str, dict[str, str]] = {
     # verified on an H200; bwd_dh_ws (manually warp-specialized reverse pass) is opt-in,
-    # QLABENCH_BWD_DH=ws (backward._kernels); kkt_solve_grouped (one block per chunk and qk-head, GQA;
-    # not yet run on a GPU) is opt-in, QLABENCH_KKT=grouped (forward.kkt_role)
+    # KernelOptions.bwd_dh = ws (backward._dh_role); kkt_solve_grouped (one block per chunk and
+    # qk-head, GQA) is opt-in, KernelOptions.kkt = grouped (forward.kkt_role)
     "sm90": {**_HOPPER_FORWARD, **_HOPPER_BACKWARD, "bwd_dh_ws": "hopper.bwd_dh_ws:bwd_dh_ws_kernel",
              "kkt_solve_grouped": "hopper.kkt_solve_grouped:kkt_solve_grouped_kernel"},
     # tcgen05 + tensor memory (blackwell/), forward and backward; compiled only

@@ -107,7 +107,7 @@ _KKT_CHOICES = ("default", "grouped")
 def kkt_role(arch: Arch | str, group: int, kkt: str | None = None) -> str:
     """Kernel role of the per-chunk solve: ``kkt_solve`` (one block per chunk and v-head, the default),
     or with QLABENCH_KKT=grouped ``kkt_solve_grouped`` (hopper/kkt_solve_grouped.py: one block per
-    chunk and qk-head computing K K^T and Q K^T once for the GQA group; NOT YET RUN ON A GPU) where
+    chunk and qk-head computing K K^T and Q K^T once for the GQA group; opt-in) where
     the group is > 1 and the arch has it (sm90); elsewhere kkt_solve. Unset or ``default``: kkt_solve;
     another value raises ValueError. ``kkt`` (KernelOptions.kkt) replaces the switch when given."""
     choice = env_choice("QLABENCH_KKT", _KKT_CHOICES, "default") if kkt is None else kkt

@@ -1,11 +1,8 @@
 """bwd_dh_ws: the backward's reverse state-gradient recurrence, manually warp-specialized (Hopper, sm_90a).
 
-Opt-in: QLABENCH_BWD_DH=ws (backward._dh_role). First H200 run (4fcc54e): the GPU A/B against
-bwd_dh_pipelined in tests/kernels/test_bwd_dh_ws_compile.py passes (4 cases, dh / dV' / dv / dh0
-within 2e-3), the whole backward is 6% faster (32k_1seq hk16_hv16: 3.885 vs 4.127 ms), but
-test_backward_gpu.py::test_varlen_tail_no_gqa[H1-HV1] failed on dg with it (0.053); a CPU review
-traced that case to a cancellation in bwd_state shared by both dh kernels (results/h200/NOTES.md),
-still to be confirmed on a GPU before this becomes the default.
+Opt-in, sm90 only: KernelOptions.bwd_dh = "ws" (QLABENCH_BWD_DH=ws; backward._dh_role).
+tests/kernels/test_bwd_dh_ws_compile.py is its GPU A/B against bwd_dh_pipelined (dh, dV', dv, dh0);
+its H200 runs, timings and why it is not the default are in results/h200/NOTES.md.
 
 Same signature, grid and outputs as bwd_dh_pipelined.py, so the host can swap one for the other:
 (q, k, do, Pg, Ag, fac, cu_seqlens, chunk_offsets, dht, dh_out, dvp_out, dv_out, dh0_out, scale);

@@ -1,11 +1,10 @@
 """chunk_fwd_ws: the forward chunk recurrence, manually warp-specialized (Hopper, sm_90a).
 
-The sm90 forward's default recurrence (forward.recurrence_role). Verified on the H200 (f7c378e): all 31
-forward GPU tests with QLABENCH_FWD_KERNEL=ws (varlen, partial chunks, empty sequence, padding tail,
-h0, both state layouts, BV 32 and 64, qwen strong decay, T = 32768); recurrence time against
-chunk_fwd_pipelined, ms: 1x32768 hk16_hv16 0.819 vs 0.976, hk16_hv64 1.650 vs 1.951, 8192x4 hk16_hv16
-0.416 vs 0.494, 1024x8 hk16_hv16 0.106 vs 0.099 (results/h200/NOTES.md). Register quotas and ring
-depth are the first choice, not yet tuned by measurement.
+The sm90 forward's default recurrence (forward.recurrence_role; KernelOptions.fwd_kernel picks
+another). The forward GPU tests (tests/kernels/test_forward_gpu.py: varlen, partial chunks, empty
+sequence, padding tail, h0, both state layouts, BV 32 and 64, qwen strong decay, T = 32768) run it
+by default; its timings against chunk_fwd_pipelined are in results/h200/NOTES.md. Register quotas
+and ring depth are the first choice, not tuned by measurement.
 
 Formula per chunk (as chunk_fwd.py; gam = in-chunk cumsum of g clamped to the sequence's last real
 token, e = exp(gam), r = exp(gam_C - gam), S is K x BV fp32, Ag and Pm from kkt_solve):

@@ -1,7 +1,9 @@
 """kkt_solve_grouped: kkt_solve with the GQA group's shared products computed once per (chunk, qk-head).
 
-NOT YET RUN ON A GPU: compiled for sm_90a only (tests/kernels/test_kkt_solve_grouped_compile.py);
-opt-in through QLABENCH_KKT=grouped (forward.kkt_role), never the default.
+Opt-in, sm90 with GQA only: KernelOptions.kkt = "grouped" (QLABENCH_KKT=grouped; forward.kkt_role).
+tests/kernels/test_kkt_solve_grouped_compile.py compiles it and, on a GPU, runs it against kkt_solve
+and the float64 reference; its H200 timings, and why it is not the default, are in
+results/h200/NOTES.md.
 
 Formulas: the same as hopper/kkt_solve.py (gam = in-chunk cumsum of g, Gam[i, j] = exp(gam_i - gam_j)
 for j <= i else 0), per v-head h of the qk-head hk = h // group:
@@ -46,7 +48,7 @@ of gam_s; a second barrier follows each beta / gam load. TileLang adds the one b
 (reading K_s) and the kkt_s copy that overlaps K_s. The macros' own barriers order the steps inside
 one v-head. The compile test checks these in the generated CUDA.
 
-Expected gain (reasoning, not measured): per (chunk, v-head) kkt_solve loads 2 x 16 KB of Q, K and
+Expected gain (the reasoning behind the kernel; the measurements are in NOTES.md): per (chunk, v-head) kkt_solve loads 2 x 16 KB of Q, K and
 runs 2 x 1 MFLOP of wgmma besides the inverse; with group 4 the grouped kernel does that once per 4
 v-heads, so global loads of Q, K drop 4x (H200 1x32768 hk16_hv64: 1.29 ms for kkt_solve, 29-44% of
 the forward) and the wgmma time 4x; the inverse and the A / Ag / Pm stores (the CUDA-core part, which
