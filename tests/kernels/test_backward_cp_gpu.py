@@ -2,8 +2,7 @@
 
 Run on an H200:  pytest -q -m gpu tests/kernels/test_backward_cp_gpu.py
 
-NOT YET RUN ON HARDWARE (written with backward_cp.py; the CPU twin of this file is
-test_backward_cp.py). Every case runs our forward (g_cumsum, A as training does) and the plain
+The CPU twin of this file is test_backward_cp.py. Every case runs our forward (g_cumsum, A as training does) and the plain
 backward, then the CP backward three ways: the plan the model chooses (often off on small cases),
 forced on with short pieces (4 chunks: long chains) with the piece initial states recomputed in the
 backward, and forced on exactly (decay_threshold None) with the piece initial states from the CP
