@@ -102,23 +102,24 @@ def run_cmd(arch, cfgs, sweep, seqlens, phase, backends, gate_profile, device, q
 
     from qlabench import envinfo
     from qlabench import runner as RN
+    from qlabench import runsetup as RS
     from qlabench import shard as SH
     from qlabench.backends import get_backend, parse_backends
 
     lock = None
     try:
         if arch:  # before the device default: --arch on a machine without a GPU is its own error
-            RN.check_arch(arch, device or "cuda")
+            RS.check_arch(arch, device or "cuda")
         RN.check_tolerance(tolerance)
-        device, note = RN.resolve_device(device, quick)
+        device, note = RS.resolve_device(device, quick)
         slots = SH.resolve_slots(gpus, workers, device)  # None: one device, in this process
         if case_timeout is not None:  # the timeout kills a worker process: run in one if none is asked for
             case_timeout = SH.check_case_timeout(case_timeout)
             slots = slots or SH.resolve_slots("1" if device == "cuda" else None,
                                               None if device == "cuda" else 1, device)
-        sel = RN.select_cases(sweep, cfgs, seqlens, phase, gate_profile)  # shared with `qlabench warm`
+        sel = RS.select_cases(sweep, cfgs, seqlens, phase, gate_profile)  # shared with `qlabench warm`
         sw, chosen, phases, gate, cases = sel.sweep, sel.presets, sel.phases, sel.gate_profile, sel.cases
-        names = parse_backends(backends or (sw.backends if sw and sw.backends else RN.DEFAULT_BACKENDS[device]))
+        names = parse_backends(backends or (sw.backends if sw and sw.backends else RS.DEFAULT_BACKENDS[device]))
         bes = [get_backend(n) for n in names]
         settings = sw.settings if sw else {}
         qk = "cuda" if device == "cuda" else "cpu"
@@ -137,7 +138,7 @@ def run_cmd(arch, cfgs, sweep, seqlens, phase, backends, gate_profile, device, q
         if not sw or phase:
             label += "_" + "-".join(phases)
         label += "_quick" if quick else ""
-        out_path = Path(out) if out else RN.default_out_path(env["gpu_name"], env["git_commit"], label)
+        out_path = Path(out) if out else RS.default_out_path(env["gpu_name"], env["git_commit"], label)
         run = {
             "argv": ["qlabench", *sys.argv[1:]], "sweep": sw.name if sw else None,
             "arch": arch or (sw.arch if sw else None), "seed": seed, "phases": phases, "backends": names,
@@ -149,8 +150,8 @@ def run_cmd(arch, cfgs, sweep, seqlens, phase, backends, gate_profile, device, q
             "gpus": [s.gpu_index for s in slots] if slots and device == "cuda" else None,
             "workers": len(slots) if slots else None, "case_timeout_s": case_timeout,
         }
-        lock = RN.prepare_out(out_path)  # before anything is measured: writable, and ours alone
-        res = RN.open_results(out_path, env, run, resume)
+        lock = RS.prepare_out(out_path)  # before anything is measured: writable, and ours alone
+        res = RS.open_results(out_path, env, run, resume)
     except (ValueError, TypeError) as exc:  # ConfigError, RunSetupError, ResultsError, bad backend names
         if lock is not None:
             lock.release()
@@ -207,10 +208,10 @@ def _run_locked(res, out_path, cfg, bes, names, cases, slots, env, sw, arch, dev
 def _end_of_run_tables(res: dict, verbose: bool) -> str:
     """The run's report: everything with --verbose; else without the first-call section (its paragraph
     of explanation printed after every run hid the tables; `qlabench report FILE` still shows it)."""
-    from qlabench import runner as RN
+    from qlabench import runsetup as RS
 
     if verbose:
-        return RN.format_tables(res)
+        return RS.format_tables(res)
     try:
         from dataclasses import replace
 
@@ -218,7 +219,7 @@ def _end_of_run_tables(res: dict, verbose: bool) -> str:
 
         return render_text(replace(build_report(res), first_calls=[]))
     except Exception:  # noqa: BLE001 - the rows are saved; the table is a convenience (format_tables falls back)
-        return RN.format_tables(res)
+        return RS.format_tables(res)
 
 
 @main.command("list")
@@ -346,16 +347,16 @@ def warm_cmd(cfgs, sweep, seqlens, phase, gate_profile, backends, pattern, jobs,
 
     import torch
 
-    from qlabench import runner as RN
+    from qlabench import runsetup as RS
     from qlabench import warm as W
     from qlabench.backends import get_backend, parse_backends
 
     try:
         if device is None and not torch.cuda.is_available():
-            raise RN.RunSetupError("no CUDA GPU is visible: warm fills GPU compile caches; pass --device cpu "
+            raise RS.RunSetupError("no CUDA GPU is visible: warm fills GPU compile caches; pass --device cpu "
                                    "(with --backends torch) to run the pool on the CPU")
-        device, _ = RN.resolve_device(device or "cuda", quick=False)
-        sel = RN.select_cases(sweep, cfgs, seqlens, phase, gate_profile)  # the same selection as `run`
+        device, _ = RS.resolve_device(device or "cuda", quick=False)
+        sel = RS.select_cases(sweep, cfgs, seqlens, phase, gate_profile)  # the same selection as `run`
         names = parse_backends(backends or W.DEFAULT_BACKENDS[device])
         tasks = W.plan_tasks(sel.cases, [get_backend(n) for n in names], W.resolve_pattern(pattern))
         jobs = jobs or W.default_jobs(len(tasks))

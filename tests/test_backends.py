@@ -128,3 +128,10 @@ def test_no_registry_cycle():
         mods = _imported_modules(f)
         assert "qlabench.backends" not in mods, f.name
     assert "qlabench.registry" in _imported_modules(pkg / "baselines" / "qla.py")
+
+
+def test_runner_does_not_import_upward():
+    """The runner executes a sweep; the command layer (runsetup, cli) and the reports sit above it."""
+    mods = _imported_modules(ROOT / "qlabench" / "runner.py")
+    upward = {m for m in mods if m.startswith(("qlabench.report", "qlabench.cli", "qlabench.runsetup"))}
+    assert not upward, upward

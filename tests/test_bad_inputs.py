@@ -422,7 +422,7 @@ def test_sweep_dtype_is_run_and_recorded(tmp_path, one_thread):
     data = R.load(out)
     assert [(r["dtype"], r["status"]) for r in data["rows"]] == [("float16", "ok")]
     assert data["run"]["arch"] == "sm90"
-    from qlabench.runner import select_cases
+    from qlabench.runsetup import select_cases
 
     sel = select_cases(str(sweep), phase="fwd,bwd")  # cases the command line adds keep the sweep's dtype
     assert {c.dtype for c in sel.cases} == {"float16"} and {c.phase for c in sel.cases} == {"fwd", "bwd"}

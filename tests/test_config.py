@@ -178,25 +178,25 @@ def test_bad_group_keys_name_the_group(config_copy, text, match):
 
 
 def test_options_replace_parts_of_a_sweep():
-    from qlabench import runner as RN
+    from qlabench import runsetup as RS
 
     # a plain sweep: the cross product the options name, as before [[groups]] existed
-    sel = RN.select_cases("h200-bwd", cfgs="hk2_hv4", phase="fwd,bwd")
+    sel = RS.select_cases("h200-bwd", cfgs="hk2_hv4", phase="fwd,bwd")
     assert [c.phase for c in sel.cases].count("fwd") == 19 and [c.phase for c in sel.cases].count("bwd") == 8
     assert {c.preset.name for c in sel.cases} == {"hk2_hv4"} and sel.gate_profile == "bench"
-    sel = RN.select_cases("h200-fwd", seqlens="1x4096", gate_profile="qwen")
+    sel = RS.select_cases("h200-fwd", seqlens="1x4096", gate_profile="qwen")
     assert len(sel.cases) == 9 and {c.gate_profile for c in sel.cases} == {"qwen"}
     # a grouped sweep: no option -> its cases; options keep the groups' pairings
     stress = C.load_sweep("stress").cases
-    sel = RN.select_cases("stress")
+    sel = RS.select_cases("stress")
     assert sel.cases == stress and sel.gate_profile == "qwen,extreme,bench"
-    fwd = RN.select_cases("stress", phase="fwd").cases
+    fwd = RS.select_cases("stress", phase="fwd").cases
     assert fwd == [c for c in stress if c.phase == "fwd"]
-    one = RN.select_cases("stress", cfgs="hk4_hv8").cases
+    one = RS.select_cases("stress", cfgs="hk4_hv8").cases
     assert {c.preset.name for c in one} == {"hk4_hv8"}
     assert len(one) == len({(c.phase, c.pattern, c.gate_profile, c.beta_profile, c.h0_scale) for c in stress})
-    short = RN.select_cases("stress", seqlens="1x64").cases
+    short = RS.select_cases("stress", seqlens="1x64").cases
     assert {c.pattern.name for c in short} == {"1x64"}
     assert len(short) == len({(c.phase, c.preset, c.gate_profile, c.beta_profile, c.h0_scale) for c in stress})
-    bench = RN.select_cases("stress", gate_profile="bench").cases
+    bench = RS.select_cases("stress", gate_profile="bench").cases
     assert {c.gate_profile for c in bench} == {"bench"} and len(bench) < len(stress)

@@ -7,6 +7,7 @@ import torch
 
 from qlabench import results as R
 from qlabench import runner as RN
+from qlabench import runsetup as RS
 from qlabench.backends import Backend, get_backend
 from qlabench.config import Case, Preset
 from qlabench.kernels.reference import chunk_gated_delta_rule_ref
@@ -139,16 +140,16 @@ def test_resume_skips_done_rows(tmp_path):
     _run([first], _cases(patterns=("1x24", "16+8")), out=out)
     assert [r["status"] for r in R.load(out)["rows"]] == ["ok", "error"]
     again = Counting("c")
-    res = RN.open_results(out, {"gpu_name": None, "timestamp": "t1"}, {"argv": ["again"]}, resume=True)
+    res = RS.open_results(out, {"gpu_name": None, "timestamp": "t1"}, {"argv": ["again"]}, resume=True)
     _run([again], _cases(patterns=("1x24", "16+8")), out=out, results=res)
     assert set(again.seen) == {(16, 8)}  # only the error case re-ran
     rows = R.load(out)["rows"]
     assert [r["status"] for r in rows] == ["ok", "ok"] and len(rows) == 2
     assert R.load(out)["run"]["resumed_argv"] == [["again"]]
-    with pytest.raises(RN.RunSetupError, match="already exists"):
-        RN.open_results(out, {"gpu_name": None, "timestamp": "t"}, {"argv": []}, resume=False)
-    with pytest.raises(RN.RunSetupError, match="measured on the CPU"):
-        RN.open_results(out, {"gpu_name": "NVIDIA H200", "timestamp": "t"}, {"argv": []}, resume=True)
+    with pytest.raises(RS.RunSetupError, match="already exists"):
+        RS.open_results(out, {"gpu_name": None, "timestamp": "t"}, {"argv": []}, resume=False)
+    with pytest.raises(RS.RunSetupError, match="measured on the CPU"):
+        RS.open_results(out, {"gpu_name": "NVIDIA H200", "timestamp": "t"}, {"argv": []}, resume=True)
 
 
 def test_resume_runs_only_missing_cases(tmp_path):
@@ -156,7 +157,7 @@ def test_resume_runs_only_missing_cases(tmp_path):
     c1 = Counting("c")
     _run([c1], _cases(patterns=("1x24",)), out=out)
     c2 = Counting("c")
-    res = RN.open_results(out, {"gpu_name": None, "timestamp": "t1"}, {"argv": []}, resume=True)
+    res = RS.open_results(out, {"gpu_name": None, "timestamp": "t1"}, {"argv": []}, resume=True)
     _run([c2], _cases(patterns=("1x24", "1x40")), out=out, results=res)
     assert set(c2.seen) == {(40,)}
     assert [r["pattern"] for r in R.load(out)["rows"]] == ["1x24", "1x40"]

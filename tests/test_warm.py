@@ -11,7 +11,7 @@ import torch
 from click.testing import CliRunner
 
 from qlabench import results as R
-from qlabench import runner as RN
+from qlabench import runsetup as RS
 from qlabench import warm as W
 from qlabench.backends import Backend, get_backend, register, unregister
 from qlabench.cli import main
@@ -95,7 +95,7 @@ def test_resolve_pattern_and_default_jobs():
 
 
 def test_selection_is_the_runs_for_a_sweep():
-    sel = RN.select_cases(sweep="ci-smoke")
+    sel = RS.select_cases(sweep="ci-smoke")
     tasks = W.plan_tasks(sel.cases, [get_backend("torch")])
     from qlabench.config import load_sweep
 
@@ -106,7 +106,7 @@ def test_selection_is_the_runs_for_a_sweep():
         first = next(c for c in sw.cases if (c.preset.name, c.phase) == (t.preset.name, t.phase))
         assert t.pattern == first.pattern and t.gate_profile == first.gate_profile
     # --cfg and --phase override the sweep's, as for `qlabench run`
-    sel = RN.select_cases(sweep="ci-smoke", cfgs=("hk4_hv8",), phase="fwd")
+    sel = RS.select_cases(sweep="ci-smoke", cfgs=("hk4_hv8",), phase="fwd")
     assert [(c.preset.name, c.phase) for c in sel.cases] == [("hk4_hv8", "fwd")] * 3
 
 
