@@ -3,11 +3,13 @@ machine without a GPU (the CI check that the kernels build)."""
 
 from __future__ import annotations
 
+import pytest
 from click.testing import CliRunner
 
 from qlabench.cli import main
 
 
+@pytest.mark.slow  # ~4-6 min on 2 cores; the default run compiles each sm90 kernel once in its own test
 def test_aot_sm90_compiles_every_kernel(tmp_path, monkeypatch):
     monkeypatch.setenv("TILELANG_CACHE_DIR", str(tmp_path / "cache"))  # restored after the test
     result = CliRunner().invoke(main, ["aot", "--arch", "sm90", "--cfg", "hk1_hv2", "--state-layout", "kv",

@@ -179,6 +179,7 @@ def _sass_ops(tool: str, cache: Path) -> dict[str, Counter]:
 SM100_BACKWARD = ("bwd_prepare", "bwd_h_pipelined", "bwd_dh_pipelined", "bwd_state", "bwd_intra")
 
 
+@pytest.mark.slow  # ~1 min; the default run compiles sm100's forward (test_aot_blackwell_forward)
 def test_sm100_backward_uses_tcgen05(tmp_path):
     """sm100's five backward kernels (blackwell/) compile for sm_100a with every product on tcgen05
     (source: tcgen05.mma + commit + tcgen05.ld, no mma.sync / wgmma; SASS: UTCHMMA + LDTM, no HMMA,

@@ -59,9 +59,14 @@ def _loop_bodies(src: str, n: int) -> list[list[str]]:
     return bodies
 
 
-@pytest.mark.parametrize("HK,HV,split,kkt_shared", [(2, 8, 1, True), (16, 64, 1, True), (4, 8, 1, True),
-                                                    (2, 8, 2, True), (2, 8, 1, False)],
-                         ids=["hk2_hv8", "hk16_hv64", "hk4_hv8", "hk2_hv8-split2", "hk2_hv8-kkt_reg"])
+# one configuration in the default run (CI: the kernel builds); the rest behind `-m slow`
+@pytest.mark.parametrize("HK,HV,split,kkt_shared", [
+    pytest.param(2, 8, 1, True, id="hk2_hv8"),
+    pytest.param(16, 64, 1, True, id="hk16_hv64", marks=pytest.mark.slow),
+    pytest.param(4, 8, 1, True, id="hk4_hv8", marks=pytest.mark.slow),
+    pytest.param(2, 8, 2, True, id="hk2_hv8-split2", marks=pytest.mark.slow),
+    pytest.param(2, 8, 1, False, id="hk2_hv8-kkt_reg", marks=pytest.mark.slow),
+])
 def test_kkt_solve_grouped_compiles_sm90a(HK, HV, split, kkt_shared, tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     monkeypatch.setenv("TILELANG_CACHE_DIR", str(cache))
