@@ -149,6 +149,17 @@ def gpu_slug(name: str | None) -> str:
     return re.sub(r"[^a-z0-9]+", "-", s).strip("-") or "gpu"
 
 
+# environment switches of our kernels: the KernelOptions ones (a qla row's options record their effect)
+# and QLABENCH_WS_AUTO_SYNC, which the warp-specialized kernels' factories read while compiling
+KERNEL_SWITCHES = ("QLABENCH_CP", "QLABENCH_FWD_KERNEL", "QLABENCH_KKT", "QLABENCH_BWD_DH", "QLABENCH_WS_AUTO_SYNC")
+
+
+def kernel_switches(environ=None) -> dict[str, str]:
+    """The KERNEL_SWITCHES set in the environment ({} when none): the env block's ``kernel_switches``."""
+    env = os.environ if environ is None else environ
+    return {k: env[k] for k in KERNEL_SWITCHES if k in env}
+
+
 def collect(device: str = "cuda", index: int = 0) -> dict:
     """The env block for a run on ``device`` ('cuda' or 'cpu')."""
     import torch
@@ -159,7 +170,7 @@ def collect(device: str = "cuda", index: int = 0) -> dict:
         "driver": None, "cuda": torch.version.cuda, "clocks_start": {"sm_mhz": None, "mem_mhz": None},
         "clocks_end": None, "versions": library_versions(), "git_commit": commit, "git_dirty": dirty,
         "timestamp": utc_now(), "hostname": socket.gethostname(), "device": device,
-        "gpu_memory_gb": None, "gpu_count": 0,
+        "gpu_memory_gb": None, "gpu_count": 0, "kernel_switches": kernel_switches(),
     }
     if device == "cuda" and torch.cuda.is_available():
         props = torch.cuda.get_device_properties(index)

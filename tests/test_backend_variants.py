@@ -179,3 +179,16 @@ def test_run_kernel_split_on_cpu(tmp_path):
     assert "Per-kernel split" in rep.output
     plain, out2 = _run(tmp_path / "b", "--backends", "torch")
     assert plain.exit_code == 0 and R.load(out2)["rows"][0]["kernel_split"] is None
+
+
+def test_env_block_records_the_kernel_switches(tmp_path, monkeypatch):
+    """QLABENCH_WS_AUTO_SYNC is no option (the kernel factories read it while compiling): the env block
+    records it, and every other kernel switch, as set."""
+    from qlabench.envinfo import KERNEL_SWITCHES, kernel_switches
+
+    assert set(ENV_VARS.values()) < set(KERNEL_SWITCHES)
+    assert kernel_switches({"QLABENCH_WS_AUTO_SYNC": "1", "PATH": "/bin"}) == {"QLABENCH_WS_AUTO_SYNC": "1"}
+    monkeypatch.setenv("QLABENCH_WS_AUTO_SYNC", "1")
+    res, out = _run(tmp_path, "--backends", "torch")
+    assert res.exit_code == 0, res.output
+    assert R.load(out)["env"]["kernel_switches"] == {"QLABENCH_WS_AUTO_SYNC": "1"}
