@@ -29,3 +29,17 @@ def test_aot_rejects_a_bad_head_configuration():
     result = CliRunner().invoke(main, ["aot", "--arch", "sm90", "--cfg", "hk3_hv4"])
     assert result.exit_code == 2
     assert "hk3_hv4" in result.output
+
+
+def test_aot_sm90_forward_entry_kernels_compile(tmp_path, monkeypatch):
+    """The default run's sm90 check of the two forward kernels no other default test compiles (the
+    chunk cumsum and kkt_solve; chunk_fwd_ws and the backward have their own compile tests): aot's own
+    jobs, one cubin each in a fresh cache."""
+    from qlabench.kernels.aot import forward_kernels
+
+    monkeypatch.setenv("TILELANG_CACHE_DIR", str(tmp_path / "cache"))
+    jobs = forward_kernels(1, 2, "sm90", state_layouts=(False,))
+    assert [name for name, _, _ in jobs[:2]] == ["chunk_local_cumsum", "kkt_solve"]
+    for _, _, thunk in jobs[:2]:
+        thunk()
+    assert len(list((tmp_path / "cache").rglob("*.cubin"))) == 2
