@@ -11,7 +11,7 @@ torch.autograd.grad over (q, k, v, g, beta, h0), as the suite's `bwd` phase. Err
 of every gradient against the float64 reference's autograd (computed once per case on the GPU).
 --split prints the per-kernel device time (torch.profiler, mean of 5 calls) of the named variants,
 one line each, so a whole run's output fits in one log file. A developer tool: the suite's numbers
-come from `qlabench run`.
+come from `qlabench run`, where the same A/B is `--phase bwd --backends qla,qla:bwd_dh=ws --kernel-split`.
 """
 
 from __future__ import annotations

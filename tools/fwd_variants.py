@@ -16,7 +16,9 @@ Variants (environment switches of qlabench/kernels/forward.py, read at call time
                 baseline of the warm-up truncation)
     cp_pipelined  cp with QLABENCH_FWD_KERNEL=pipelined
 Times are CUDA-graph replay medians (triton.testing.do_bench_cudagraph), inputs as the suite's
-`bench` gates, h0 on. A developer tool: the suite's numbers come from `qlabench run`.
+`bench` gates, h0 on. A developer tool: the suite's numbers come from `qlabench run`, where these
+variants are backends (`--backends qla,qla:fwd_kernel=pipelined,qla:kkt=grouped,qla:cp=on --kernel-split`,
+README "Kernel options"); only ws_autosync and cp_exact are here alone.
 """
 
 from __future__ import annotations
