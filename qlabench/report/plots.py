@@ -117,6 +117,17 @@ def speedup_figure(report: Report, table: PhaseTable):
 
 def plot_latency(report: Report, table: PhaseTable, path: Path) -> Path | None:
     """Median latency vs total tokens per backend (log-log), single-sequence patterns only."""
+    fig = latency_figure(report, table)
+    if fig is None:
+        return None
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
+
+
+def latency_figure(report: Report, table: PhaseTable):
+    """The figure of plot_latency (None without two single-sequence lengths); the title in a band above
+    the panels."""
     groups = []
     for preset, lines in table.groups:
         single = [ln for ln in lines if ln.n_seqs == 1 and ln.total_tokens]
@@ -145,11 +156,11 @@ def plot_latency(report: Report, table: PhaseTable, path: Path) -> Path | None:
         ax.set_title(f"{preset} (h_qk={lines[0].h_qk}, h_v={lines[0].h_v})", fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(f"{_gpu(report)}: {_PHASE_WORD[table.phase]} latency vs sequence length", fontsize=11)
-    fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return path
+    height = fig.get_figheight()
+    fig.suptitle(f"{_gpu(report)}: {_PHASE_WORD[table.phase]} latency vs sequence length", fontsize=11,
+                 y=1 - 0.06 / height, va="top")
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.3 / height))
+    return fig
 
 
 def plot_heatmap(report: Report, table: PhaseTable, peer: str, path: Path) -> Path | None:

@@ -50,3 +50,17 @@ def test_speedup_plot_title_and_legend_cover_no_panel():
         assert not leg.overlaps(ax.title.get_window_extent(r)) and ax.get_legend() is None
     assert not sup.overlaps(leg)
     plt.close(fig)
+
+
+def test_latency_plot_title_covers_no_panel_title():
+    import matplotlib.pyplot as plt
+
+    from qlabench.report.plots import latency_figure
+
+    report = build_report(demo_results())
+    fig = latency_figure(report, next(t for t in report.tables if t.phase == "fwd"))
+    fig.canvas.draw()
+    r = fig.canvas.get_renderer()
+    sup = fig._suptitle.get_window_extent(r)
+    assert not any(sup.overlaps(ax.title.get_window_extent(r)) for ax in fig.axes if ax.get_visible())
+    plt.close(fig)
