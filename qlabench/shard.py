@@ -29,7 +29,6 @@ On the CPU (``--device cpu --workers N``) the same path runs N workers on the to
 
 from __future__ import annotations
 
-import contextlib
 import math
 import multiprocessing as mp
 import os
@@ -47,6 +46,7 @@ from . import results as R
 from .backends import Backend
 from .config import Case
 from .envinfo import utc_now
+from .procs import become_worker, kill_process_group, spawn
 from .runner import RunConfig, Runner, _short, base_row, case_pattern
 
 # relative cost of a phase at equal size (a backward recomputes the forward's states and does ~2x its
@@ -65,17 +65,6 @@ def check_case_timeout(seconds) -> float:
             math.isfinite(seconds) and seconds > 0):
         raise ValueError(f"--case-timeout must be a finite number of seconds > 0, got {seconds!r}")
     return float(seconds)
-
-
-def kill_process_group(proc) -> None:
-    """Kills a worker or task process and its process group (the compilers it started) when the process
-    leads its own group (``os.setpgid(0, 0)`` at its start), else only the process; waits for it."""
-    with contextlib.suppress(ProcessLookupError, PermissionError, OSError, AttributeError):
-        if os.getpgid(proc.pid) == proc.pid and proc.pid != os.getpgrp():
-            os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(Exception):
-        proc.kill()
-    proc.join(10)
 
 
 @dataclass(frozen=True)
@@ -283,9 +272,7 @@ def _pin(slot: Slot) -> None:
 def _worker_main(slot: Slot, cfg: RunConfig, backends: list[Backend], cases: list[tuple[int, Case]],
                  done: set, partial: str, conn) -> None:
     """Entry point of a worker process (spawned): runs its cases, saving and reporting each row."""
-    with contextlib.suppress(OSError):
-        os.setpgid(0, 0)  # a case timeout kills the group: this process and the compilers it started
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop (SIGTERM)
+    become_worker()  # own process group (a case timeout kills it), SIGINT ignored: the parent stops us (SIGTERM)
     signal.signal(signal.SIGTERM, _interrupt)
     runner = None
     try:
@@ -483,22 +470,14 @@ class ShardedRun:
     def _start(self, slot: Slot, shard: list[int], attempt: int) -> _Worker:
         w = _Worker(slot, shard, attempt, self.dir / f"worker{slot.worker}.{attempt}.json")
         done = self._done_keys()
-        reader, writer = self.ctx.Pipe(duplex=False)
-        w.proc = self.ctx.Process(
-            target=_worker_main, name=f"qlabench-{slot.label}",
-            args=(slot, self.cfg, self.backends, [(i, self.cases[i]) for i in shard], done, str(w.partial),
-                  writer))
-        # the child starts with SIGINT ignored (inherited through exec): Ctrl-C is the parent's to handle
-        old = signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
-            w.proc.start()
+            w.proc, w.conn = spawn(
+                self.ctx, _worker_main,
+                (slot, self.cfg, self.backends, [(i, self.cases[i]) for i in shard], done, str(w.partial)),
+                f"qlabench-{slot.label}")
         except (pickle.PicklingError, TypeError, AttributeError) as e:
             raise RuntimeError(f"cannot start {slot.label}: its arguments do not pickle "
                                f"(a backend holding live state?): {_short(e)}") from None
-        finally:
-            signal.signal(signal.SIGINT, old)
-        writer.close()
-        w.conn = reader
         self.workers.append(w)
         return w
 

@@ -47,6 +47,7 @@ from pathlib import Path
 from .backends import Backend
 from .config import Case, Preset
 from .envinfo import utc_now
+from .procs import become_worker, kill_process_group, spawn
 from .workload import Pattern, parse_pattern
 
 SCHEMA = "qlabench.warm/1"
@@ -189,9 +190,7 @@ def run_task(task: WarmTask, opts: WarmOptions) -> dict:
 
 def _task_main(task: WarmTask, opts: WarmOptions, conn) -> None:
     """Entry point of a task process (spawned): own process group, no autotune cache, one result."""
-    with contextlib.suppress(OSError):
-        os.setpgid(0, 0)  # a timeout kills the group: this process and the compilers it started
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
+    become_worker()  # own process group (a timeout kills it), SIGINT left to the parent
     os.environ.pop(AUTOTUNE_CACHE_VAR, None)
     try:
         result = run_task(task, opts)
@@ -247,10 +246,7 @@ class _Running:
 
 
 def _kill(proc) -> None:
-    """Kills a task process and its process group (compilers it started); the group is the task's own
-    (``_task_main`` made it leader), else only the process is killed."""
-    from .shard import kill_process_group  # one definition, shared with the run's case timeout
-
+    """Kills a task process and its process group (compilers it started): procs.kill_process_group."""
     kill_process_group(proc)
 
 
@@ -280,23 +276,11 @@ class WarmPool:
         return [r for r in self.results if r is not None]
 
     def _start(self, i: int) -> None:
-        reader, writer = self.ctx.Pipe(duplex=False)
-        proc = self.ctx.Process(target=_task_main, args=(self.tasks[i], self.opts, writer),
-                                name=f"qlabench-warm-{i}")
-        old = None
-        with contextlib.suppress(ValueError):  # not the main thread: the child handles SIGINT itself
-            old = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited: Ctrl-C is the parent's
         try:
-            proc.start()
+            proc, reader = spawn(self.ctx, _task_main, (self.tasks[i], self.opts), f"qlabench-warm-{i}")
         except Exception as e:  # noqa: BLE001 - an unpicklable backend: that task fails, not the pool
-            reader.close()
-            writer.close()
             self._finish_row(i, _row(self.tasks[i], "error", None, 0.0, f"cannot start: {_short(e)}"))
             return
-        finally:
-            if old is not None:
-                signal.signal(signal.SIGINT, old)
-        writer.close()
         now = time.monotonic()
         self._running[i] = _Running(i, proc, reader, now, now + self.timeout_s if self.timeout_s else None)
 

@@ -135,3 +135,14 @@ def test_runner_does_not_import_upward():
     mods = _imported_modules(ROOT / "qlabench" / "runner.py")
     upward = {m for m in mods if m.startswith(("qlabench.report", "qlabench.cli", "qlabench.runsetup"))}
     assert not upward, upward
+
+
+def test_one_worker_process_mechanism():
+    """shard (run --gpus/--workers/--case-timeout) and warm start, set up and kill their worker
+    processes through qlabench.procs, and neither spawns a process of its own."""
+    for name in ("shard.py", "warm.py"):
+        path = ROOT / "qlabench" / name
+        mods = _imported_modules(path)
+        assert {"qlabench.procs.spawn", "qlabench.procs.become_worker", "qlabench.procs.kill_process_group"} <= mods
+        text = path.read_text()
+        assert ".Process(" not in text and "setpgid" not in text and "killpg" not in text, name
