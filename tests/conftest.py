@@ -53,6 +53,18 @@ def _seeded_generators(request):
     yield
 
 
+@pytest.fixture
+def one_thread():
+    """torch on one CPU thread for the test (tiny float64 problems: no OpenMP spin-waits on a shared
+    2-core machine). Modules take it with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield

@@ -6,24 +6,15 @@ import json
 
 import pytest
 import torch
-from click.testing import CliRunner
 
 from qlabench import results as R
-from qlabench.cli import main
+
+from .clitools import invoke as _invoke
 
 CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU behaviour")
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-def _invoke(*args):
-    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def test_run_quick_cpu(tmp_path):

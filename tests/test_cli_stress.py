@@ -4,22 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from click.testing import CliRunner
 
 from qlabench import results as R
-from qlabench.cli import main
 
+from .clitools import invoke as _invoke
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-def _invoke(*args):
-    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def test_list_cases_of_the_stress_sweep():

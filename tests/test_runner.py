@@ -16,13 +16,7 @@ from qlabench.workload import parse_pattern
 PRESET = Preset("hk1_hv2", 1, 2, "tiny")
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # tiny float64 problems: one thread avoids OpenMP spin-waits on a shared 2-core machine
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def _cases(phases=("fwd",), patterns=("1x24", "16+8")):

@@ -7,16 +7,16 @@ import time
 
 import pytest
 import torch
-from click.testing import CliRunner
 
 from qlabench import results as R
 from qlabench import shard as SH
 from qlabench.backends import Backend
-from qlabench.cli import main
 from qlabench.config import Case, Preset, load_sweep
 from qlabench.kernels.reference import chunk_gated_delta_rule_ref
 from qlabench.runner import RunConfig
 from qlabench.workload import parse_pattern
+
+from .clitools import invoke as _invoke
 
 # equal h_v: the two presets cost the same, so each stays whole on one of two workers
 PRESETS = (Preset("hk1_hv2", 1, 2, "tiny"), Preset("hk2_hv2", 2, 2, "tiny"))
@@ -24,16 +24,8 @@ PRESETS = (Preset("hk1_hv2", 1, 2, "tiny"), Preset("hk2_hv2", 2, 2, "tiny"))
 CLI_CASES = ("--cfg", "hk1_hv4,hk2_hv4", "--seqlens", "1x24,16+8", "--phase", "fwd,bwd")
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # also what each CPU worker gets (parent threads // workers, at least 1)
-    yield
-    torch.set_num_threads(n)
-
-
-def _invoke(*args):
-    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+# one torch thread (tests/conftest.py): also what each CPU worker gets (parent threads // workers, at least 1)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _cli_run(out, *extra):

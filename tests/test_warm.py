@@ -7,17 +7,16 @@ import os
 import time
 
 import pytest
-import torch
-from click.testing import CliRunner
 
 from qlabench import results as R
 from qlabench import runsetup as RS
 from qlabench import warm as W
 from qlabench.backends import Backend, get_backend, register, unregister
-from qlabench.cli import main
 from qlabench.config import Case, Preset
 from qlabench.kernels.reference import chunk_gated_delta_rule_ref
 from qlabench.workload import parse_pattern
+
+from .clitools import invoke as _invoke
 
 PRESETS = (Preset("hk1_hv2", 1, 2, "tiny"), Preset("hk2_hv2", 2, 2, "tiny"))
 # tiny patterns and presets: a task is the process start plus a few milliseconds of float64 work
@@ -25,16 +24,7 @@ CLI_CASES = ("--cfg", "hk1_hv2,hk2_hv4", "--seqlens", "1x24,16+8", "--phase", "f
 CPU = {"device": "cpu", "threads": 1}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-def _invoke(*args):
-    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 class Scripted(Backend):
