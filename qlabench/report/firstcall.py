@@ -28,7 +28,7 @@ from typing import Any
 
 import pandas as pd
 
-from qlabench.report.layout import md_row, phase_heading
+from qlabench.report.layout import html_cells, md_row, md_rule, phase_heading
 
 TITLE = "First call per head configuration (s)"
 MISSING = "-"
@@ -289,7 +289,7 @@ def md_lines(tables: list[FirstCallTable]) -> list[str]:
     for t in tables:
         cols = columns(t)
         out += [f"### {phase_heading(t.phase)}", "", md_row(cols)]
-        out.append("|" + "|".join("---" if i == 0 else "---:" for i in range(len(cols))) + "|")
+        out.append(md_rule(len(cols), 1))
         out += [md_row([c.replace(MARK, "\\" + MARK) for c in cells(t, r)]) for r in t.rows]
         out.append("")
         out += ["- " + ln.replace(MARK, "\\" + MARK) for ln in backend_lines(t)]
@@ -304,12 +304,7 @@ def html_lines(tables: list[FirstCallTable]) -> list[str]:
     out = [f"<h2>{e(TITLE)}</h2>", f"<p>{e(DESCRIPTION.replace('`', ''))}</p>"]
     for t in tables:
         out.append(f"<h3>{e(phase_heading(t.phase))}</h3><table><tr>")
-        out += [f"<th class='{'l' if i == 0 else ''}'>{e(c)}</th>" for i, c in enumerate(columns(t))]
-        out.append("</tr>")
-        for r in t.rows:
-            out.append(
-                "<tr>" + "".join(f"<td class='{'l' if i == 0 else ''}'>{e(c)}</td>" for i, c in enumerate(cells(t, r)))
-                + "</tr>"
-            )
+        out += html_cells("th", columns(t), 1) + ["</tr>"]
+        out += ["<tr>" + "".join(html_cells("td", cells(t, r), 1)) + "</tr>" for r in t.rows]
         out.append("</table><ul>" + "".join(f"<li>{e(ln)}</li>" for ln in backend_lines(t)) + "</ul>")
     return out

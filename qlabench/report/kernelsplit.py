@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from qlabench.report.layout import MISSING, PHASE_ORDER, md_row, phase_heading
+from qlabench.report.layout import MISSING, PHASE_ORDER, html_cells, md_row, md_rule, phase_heading
 from qlabench.results import case_name
 
 TITLE = "Per-kernel split (us per call)"
@@ -127,8 +127,7 @@ def md_lines(tables: list[SplitTable]) -> list[str]:
     out = [f"## {TITLE}", "", DESCRIPTION, ""]
     for t in tables:
         cols = columns(t)
-        out += [f"### {phase_heading(t.phase)}: {t.case}", "", md_row(cols),
-                "|" + "|".join("---" if i == 0 else "---:" for i in range(len(cols))) + "|"]
+        out += [f"### {phase_heading(t.phase)}: {t.case}", "", md_row(cols), md_rule(len(cols), 1)]
         out += [md_row(r) for r in body(t)] + [""]
     return out
 
@@ -140,10 +139,7 @@ def html_lines(tables: list[SplitTable]) -> list[str]:
     out = [f"<h2>{e(TITLE)}</h2>", f"<p>{e(DESCRIPTION.replace('`', ''))}</p>"]
     for t in tables:
         out.append(f"<h3>{e(phase_heading(t.phase))}: {e(t.case)}</h3><table><tr>")
-        out += [f"<th class='{'l' if i == 0 else ''}'>{e(c)}</th>" for i, c in enumerate(columns(t))]
-        out.append("</tr>")
-        for r in body(t):
-            out.append("<tr>" + "".join(f"<td class='{'l' if i == 0 else ''}'>{e(c)}</td>"
-                                        for i, c in enumerate(r)) + "</tr>")
+        out += html_cells("th", columns(t), 1) + ["</tr>"]
+        out += ["<tr>" + "".join(html_cells("td", r, 1)) + "</tr>" for r in body(t)]
         out.append("</table>")
     return out

@@ -27,6 +27,13 @@ def md_rule(n_cols: int, n_left: int) -> str:
     return "|" + "|".join("---" if i < n_left else "---:" for i in range(n_cols)) + "|"
 
 
+def html_cells(tag: str, cells: list[str], n_left: int) -> list[str]:
+    """One html table row's cells (``th`` or ``td``, escaped), the first ``n_left`` left-aligned."""
+    import html
+
+    return [f"<{tag} class='{'l' if i < n_left else ''}'>{html.escape(c)}</{tag}>" for i, c in enumerate(cells)]
+
+
 def ran_pattern(pattern: str, seqlens, pad_tokens=None) -> str:
     """A row's pattern as it ran: its name when the row's seqlens are the pattern's, else the lengths
     run with the name in parentheses (`1x512 (of 1x32768)`: `run --quick` on the CPU shrinks every

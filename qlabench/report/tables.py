@@ -37,7 +37,15 @@ import pandas as pd
 from qlabench import roofline
 from qlabench.report import accuracy, firstcall, kernelsplit
 from qlabench.report.frame import Collected, backends_in_order, collect, dedupe_latest, default_subject
-from qlabench.report.layout import MISSING, PHASE_ORDER, PHASE_TITLE, md_row, phase_heading, ran_pattern
+from qlabench.report.layout import (
+    MISSING,
+    PHASE_ORDER,
+    PHASE_TITLE,
+    html_cells,
+    md_row,
+    phase_heading,
+    ran_pattern,
+)
 
 FORMATS = ("text", "md", "csv", "html")
 _N_LABEL_COLS = 2  # label columns are left-aligned, numbers right-aligned, like FlashQLA's file
@@ -512,8 +520,7 @@ def render_html(report: Report) -> str:
     for table in report.tables:
         out.append(f"<h2>{e(PHASE_TITLE[table.phase])}</h2><table><tr>")
         cols = table_columns(table)
-        out += [f"<th class='{'l' if i < 2 else ''}'>{e(c)}</th>" for i, c in enumerate(cols)]
-        out.append("</tr>")
+        out += html_cells("th", cols, _N_LABEL_COLS) + ["</tr>"]
         for gi, (_, lines) in enumerate(table.groups):
             if gi:
                 out.append(f"<tr class='sep'><td colspan='{len(cols)}'></td></tr>")
