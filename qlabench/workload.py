@@ -20,6 +20,12 @@ Gate profiles (natural-log gate g, fp32, always <= 0):
     ``extreme``     ``qwen`` with A_h ~ U(0, 30), the last head at A = 30: about -40 per token there
                     (a chunk's cumulative gate reaches -2500: exp(-gam) overflows fp32)
     ``logsigmoid``  logsigmoid(randn) (FLA's benchmarks)
+    ``qwen_strong_last``  ``qwen``, except that with one v-head that head is the strong one (A = 16), not
+                    an undecayed one; the kernel tests' ``qwen`` (tests/kernels/gdn_inputs.py). Not a
+                    sweep profile (``recipe.GATE_PROFILES``): only ``make_gate`` draws it.
+
+``make_gate`` is the one definition of these profiles: the suite's inputs and the kernel tests' inputs
+(tests/kernels/gdn_inputs.py) both draw their gates through it.
 
 Beta profiles (write strength, fp32): ``sigmoid`` = sigmoid(randn) (the default, FlashQLA's recipe),
 ``near0`` = sigmoid(randn - 8) (about 2e-5 to 7e-3), ``near1`` = sigmoid(randn + 8) (1 - beta about
@@ -49,7 +55,10 @@ from .recipe import (  # noqa: F401 - the recipe's names, re-exported beside the
 
 HEAD_DIM = 128
 _BETA_SHIFT = {"sigmoid": 0.0, "near0": -8.0, "near1": 8.0}  # beta = sigmoid(randn + shift)
-_GATE_A_MAX = {"qwen": 16.0, "extreme": 30.0}  # the largest per-head decay rate A_h
+_GATE_A_MAX = {"qwen": 16.0, "extreme": 30.0, "qwen_strong_last": 16.0}  # the largest per-head decay rate A_h
+# Gate profiles make_gate draws beyond the suite's (GATE_PROFILES, what a sweep or --gate-profile names):
+# the kernel tests' variants, kept under their own names where they differ from a suite profile.
+TEST_GATE_PROFILES = ("qwen_strong_last",)
 DEFAULT_CUT_SEED = 42
 # The largest pattern a run accepts, checked while parsing, before anything is allocated: 16M tokens
 # (512x the 32k patterns; q, k, v alone would be ~100 GB at 16 heads) in at most 64k sequences.
@@ -209,11 +218,17 @@ def scale_pattern(pattern: Pattern, max_tokens: int) -> Pattern:
 # --- gates -----------------------------------------------------------------------------------------
 
 
-def make_gate(profile: str, T: int, h_v: int, gen: torch.Generator, device) -> torch.Tensor:
-    """Natural-log gate g `[1, T, h_v]` fp32 for one gate profile (module docstring)."""
-    if profile not in GATE_PROFILES:
-        raise ValueError(f"unknown gate profile {profile!r}; known: {', '.join(GATE_PROFILES)}")
-    x = torch.randn(1, T, h_v, generator=gen, device=device, dtype=torch.float32)
+def make_gate(profile: str, T: int, h_v: int, gen: torch.Generator, device, *, batch: int = 1) -> torch.Tensor:
+    """Natural-log gate g `[batch, T, h_v]` fp32 for one gate profile (module docstring).
+
+    Every row of a batch shares the per-head choices (the zeroed heads of ``bench``, A_h of ``qwen``);
+    with ``batch=1`` (the suite's packed inputs) the draws are the same as they have always been.
+    """
+    if profile not in GATE_PROFILES and profile not in TEST_GATE_PROFILES:
+        raise ValueError(f"unknown gate profile {profile!r}; known: {', '.join(GATE_PROFILES + TEST_GATE_PROFILES)}")
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"batch must be an int >= 1, got {batch!r}")
+    x = torch.randn(batch, T, h_v, generator=gen, device=device, dtype=torch.float32)
     if profile == "logsigmoid":
         return F.logsigmoid(x)
     if profile == "bench":
@@ -226,11 +241,9 @@ def make_gate(profile: str, T: int, h_v: int, gen: torch.Generator, device) -> t
     a_max = _GATE_A_MAX[profile]
     A = torch.rand(h_v, generator=gen, device=device, dtype=torch.float32) * a_max
     A[0] = 0.0
-    if h_v > 1:
+    if h_v > 1 or profile == "qwen_strong_last":
         A[-1] = a_max
     return -A * F.softplus(0.5 * x + 1.0)
-
-
 
 
 # --- inputs ----------------------------------------------------------------------------------------

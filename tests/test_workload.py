@@ -138,6 +138,73 @@ def test_gate_logsigmoid_and_unknown():
     assert set(GATE_PROFILES) == {"bench", "qwen", "extreme", "logsigmoid"}
 
 
+def test_kernel_test_inputs_draw_their_gates_through_workload(monkeypatch):
+    """One definition of the gate profiles: tests/kernels/gdn_inputs.make_inputs (the GPU kernel tests'
+    inputs) gets g from qlabench.workload.make_gate, the function the suite's inputs use, and has no
+    gate formula of its own."""
+    import ast
+    import inspect
+
+    from qlabench import workload
+    from tests.kernels import gdn_inputs
+
+    assert gdn_inputs.workload is workload
+    calls = []
+    real = workload.make_gate
+
+    def spy(profile, T, h_v, gen, device, *, batch=1):
+        g = real(profile, T, h_v, gen, device, batch=batch)
+        calls.append(((profile, T, h_v, batch), g))
+        return g
+
+    monkeypatch.setattr(workload, "make_gate", spy)
+    for gate, profile in gdn_inputs.GATE_PROFILE.items():
+        calls.clear()
+        inp = gdn_inputs.make_inputs(40, 2, 4, B=3, gate=gate, device="cpu", D=8, seed=1)
+        [(args, g)] = calls
+        assert args == (profile, 40, 4, 3) and torch.equal(inp["g"], g)
+    assert set(gdn_inputs.GATE_PROFILE.values()) <= set(GATE_PROFILES) | set(workload.TEST_GATE_PROFILES)
+    with pytest.raises(ValueError, match="'nope'"):
+        gdn_inputs.make_inputs(40, 2, 4, gate="nope", device="cpu", D=8)
+    # no formula of its own: no logsigmoid / softplus / randperm in gdn_inputs.make_inputs
+    tree = ast.parse(inspect.getsource(gdn_inputs.make_inputs))
+    called = {n.func.attr for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)}
+    assert not called & {"logsigmoid", "softplus", "randperm", "rand"}, called
+
+
+def test_kernel_test_gate_values():
+    """The distributions the GPU kernel tests draw (the values they had before sharing make_gate):
+    bench = logsigmoid(randn)/16 with a quarter of the v-heads at 0 (shared over the batch), qwen with
+    the first head at A = 0 and the last at 16, and with one v-head that head at 16."""
+    from tests.kernels.gdn_inputs import make_inputs
+
+    g = make_inputs(2048, 2, 8, B=3, gate="bench", device="cpu", D=8, seed=0)["g"]
+    zero = (g == 0).all(dim=1)
+    assert g.shape == (3, 2048, 8) and zero.sum(dim=1).tolist() == [2, 2, 2] and (zero == zero[0]).all()
+    assert -0.06 < float(g[..., ~zero[0]].mean()) < -0.045
+    g = make_inputs(2048, 2, 4, gate="qwen", device="cpu", D=8, seed=0)["g"]
+    assert float(g[..., 0].abs().max()) == 0.0 and float(g[..., -1].mean()) < -15
+    g1 = make_inputs(2048, 1, 1, gate="qwen", device="cpu", D=8, seed=0)["g"]  # test_dg_stress_gpu's H1
+    assert float(g1.mean()) < -15 and float(g1.min()) < -20
+    # qwen_strong_last is qwen wherever qwen has a first and a last head
+    for h_v in (2, 4, 16):
+        a = make_gate("qwen", 64, h_v, torch.Generator().manual_seed(7), "cpu")
+        b = make_gate("qwen_strong_last", 64, h_v, torch.Generator().manual_seed(7), "cpu")
+        assert torch.equal(a, b)
+    assert float(make_gate("qwen", 64, 1, torch.Generator().manual_seed(7), "cpu").abs().max()) == 0.0
+
+
+def test_make_gate_batch_shares_head_choices_and_keeps_batch1_draws():
+    one = make_gate("qwen", 50, 4, torch.Generator().manual_seed(2), "cpu")
+    also = make_gate("qwen", 50, 4, torch.Generator().manual_seed(2), "cpu", batch=1)
+    assert torch.equal(one, also)
+    three = make_gate("bench", 50, 8, torch.Generator().manual_seed(2), "cpu", batch=3)
+    assert three.shape == (3, 50, 8)
+    for bad in (0, True, 1.5):
+        with pytest.raises(ValueError, match="batch"):
+            make_gate("bench", 50, 8, torch.Generator(), "cpu", batch=bad)
+
+
 def test_make_workload_shapes_dtypes_and_seed():
     w = make_workload(2, 8, (100, 28), "bench", seed=3, head_dim=32)
     assert w.q.shape == (1, 128, 2, 32) and w.q.dtype == torch.bfloat16

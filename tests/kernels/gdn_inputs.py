@@ -7,10 +7,20 @@ import random
 import torch
 import torch.nn.functional as F
 
+from qlabench import workload
+
+# The tests' gate names and the qlabench.workload profile each one draws: the gates come from
+# workload.make_gate, the suite's one definition (tests/test_workload.py checks that they do).
+# "qwen" is workload's "qwen_strong_last": the same as the suite's qwen at h_v >= 2, and with a single
+# v-head that head decays at A = 16 as these tests have always drawn it (the suite's qwen leaves it at
+# A = 0, an undecayed head).
+GATE_PROFILE = {"bench": "bench", "qwen": "qwen_strong_last", "extreme": "extreme", "logsigmoid": "logsigmoid"}
+
 
 def make_inputs(T, h_qk, h_v, *, cu_seqlens=None, B=1, gate="bench", h0=False, state_v_first=False,
                 dtype=torch.bfloat16, device="cuda", D=128, seed=None):
-    """q, k l2-normalised, v, g (gate profile), beta = sigmoid(randn), optional h0; B = 1 with cu_seqlens."""
+    """q, k l2-normalised, v, g (``gate``: a key of GATE_PROFILE), beta = sigmoid(randn), optional h0;
+    B = 1 with cu_seqlens."""
     gen = torch.Generator(device="cpu")
     gen.manual_seed(int(torch.randint(0, 2**31 - 1, (1,)).item()) if seed is None else seed)
 
@@ -20,16 +30,9 @@ def make_inputs(T, h_qk, h_v, *, cu_seqlens=None, B=1, gate="bench", h0=False, s
     q = F.normalize(randn(B, T, h_qk, D), dim=-1)
     k = F.normalize(randn(B, T, h_qk, D), dim=-1)
     v = randn(B, T, h_v, D)
-    if gate == "bench":
-        g = F.logsigmoid(randn(B, T, h_v)) / 16
-        g[..., torch.randperm(h_v, generator=gen)[: h_v // 4]] = 0.0
-    elif gate == "qwen":
-        A_h = torch.rand(h_v, generator=gen) * 16
-        A_h[0] = 0.0
-        A_h[-1] = 16.0
-        g = -A_h * F.softplus(0.5 * randn(B, T, h_v) + 1.0)
-    else:
-        raise ValueError(gate)
+    if gate not in GATE_PROFILE:
+        raise ValueError(f"unknown gate {gate!r}; known: {', '.join(GATE_PROFILE)}")
+    g = workload.make_gate(GATE_PROFILE[gate], T, h_v, gen, "cpu", batch=B)
     beta = torch.sigmoid(randn(B, T, h_v))
     N = B if cu_seqlens is None else len(cu_seqlens) - 1
     out = {"q": q.to(dtype), "k": k.to(dtype), "v": v.to(dtype), "g": g.float(), "beta": beta.float()}
