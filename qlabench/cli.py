@@ -29,7 +29,7 @@ def _setup_error(msg: str) -> None:
               help="Head preset(s) hk<h_qk>_hv<h_v>, repeatable or comma list; any such name parses "
               "[default: the sweep's presets].")
 @click.option("--sweep", default=None,
-              help="Sweep name in configs/sweeps/ (h200-fwd, h200-bwd, ci-smoke) or a .toml path.")
+              help="Sweep name in configs/sweeps/ (h200-fwd, h200-bwd, ci-smoke, stress) or a .toml path.")
 @click.option("--seqlens", "seqlens", multiple=True,
               help="Pattern set names from seqlens.toml and/or patterns (1x32768, 28672+4096, 8192x4, "
               "32k_4seq), repeatable or comma list [default: the sweep's, else per phase: fwd -> set "
@@ -50,7 +50,7 @@ def _setup_error(msg: str) -> None:
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
               help="Results JSON [default: results/<gpu>/<date>_<commit>/<sweep-or-cfg>.json].")
 @click.option("--resume", is_flag=True,
-              help="Continue --out: rows already ok/incorrect are skipped, error/unavailable rows re-run.")
+              help="Continue --out: rows already ok/incorrect are skipped, error/unavailable/timeout rows re-run.")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Base seed of the inputs (mixed with each case's identity).")
 @click.option("--warmup", type=click.IntRange(min=0), default=None,
@@ -309,7 +309,7 @@ def env_cmd(as_json) -> None:
 @click.option("--cfg", "cfgs", multiple=True,
               help="Head preset(s) hk<h_qk>_hv<h_v>, repeatable or comma list [default: the sweep's presets].")
 @click.option("--sweep", default=None,
-              help="Sweep name in configs/sweeps/ (h200-fwd, h200-bwd, ci-smoke) or a .toml path.")
+              help="Sweep name in configs/sweeps/ (h200-fwd, h200-bwd, ci-smoke, stress) or a .toml path.")
 @click.option("--seqlens", "seqlens", multiple=True,
               help="Pattern sets and/or patterns, as for `qlabench run` [default: the sweep's, else the phase's set].")
 @click.option("--phase", default=None,
@@ -620,7 +620,11 @@ def history_cmd(results_dir, cfg, phases, subject, gpu, min_effect, plot_file, v
     click.echo(f"{len(runs)} runs on {gpus[0]}\n")
     click.echo(format_history(hist), nl=False)
     if plot_file and hist:
-        plot_history(hist, plot_file, gpu=gpus[0])
+        try:  # the plot's folder is made, as report --plots makes its DIR; what cannot be written is one line
+            Path(plot_file).parent.mkdir(parents=True, exist_ok=True)
+            plot_history(hist, plot_file, gpu=gpus[0])
+        except OSError as exc:
+            _setup_error(f"history: cannot write {plot_file}: {exc.strerror or exc}")
         click.echo(f"wrote {plot_file}", err=True)
 
 

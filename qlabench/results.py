@@ -9,8 +9,7 @@ A results file is one JSON object::
 
 Times are milliseconds per call; ``first_call_s`` is seconds; ``peak_mem_mb`` is MiB; ``errors``
 holds the relative L2 error of each checked tensor against the float64 reference. Time fields are
-null for ``error`` and ``unavailable`` rows. The README's "Running benchmarks" section documents
-every field.
+null for ``error``, ``unavailable`` and ``timeout`` rows. docs/results-format.md documents every field.
 """
 
 from __future__ import annotations

@@ -69,6 +69,11 @@ def test_history_cli_and_plot(tmp_path):
     assert out.stat().st_size > 10_000
     r = CliRunner().invoke(main, ["history", str(tmp_path / "run0" / "results.json")])
     assert r.exit_code == 2
+    deep = tmp_path / "new" / "folder" / "hist.png"  # its folder is made (docs/cli.md's example: runs/...)
+    r = CliRunner().invoke(main, ["history", str(d), "--cfg", "1x32768", "--plot", str(deep)])
+    assert r.exit_code == 0 and deep.stat().st_size > 10_000, r.output
+    r = CliRunner().invoke(main, ["history", str(d), "--cfg", "1x32768", "--plot", str(out / "under-a-file.png")])
+    assert r.exit_code == 2 and "qlabench: error: history: cannot write" in r.output, r.output
 
 
 def test_history_refuses_mixed_gpus(tmp_path):

@@ -18,7 +18,7 @@ Variants (environment switches of qlabench/kernels/forward.py, read at call time
 Times are CUDA-graph replay medians (triton.testing.do_bench_cudagraph), inputs as the suite's
 `bench` gates, h0 on. A developer tool: the suite's numbers come from `qlabench run`, where these
 variants are backends (`--backends qla,qla:fwd_kernel=pipelined,qla:kkt=grouped,qla:cp=on --kernel-split`,
-README "Kernel options"); only ws_autosync and cp_exact are here alone.
+docs/api.md "Kernel options"); only ws_autosync and cp_exact are here alone.
 """
 
 from __future__ import annotations
