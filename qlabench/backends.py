@@ -31,7 +31,7 @@ def _load_builtins() -> None:
     global _BUILTINS_LOADED
     if not _BUILTINS_LOADED:
         _BUILTINS_LOADED = True
-        import qlabench.baselines  # noqa: F401  (registers qla, fla, flash_qla, torch)
+        import qlabench.baselines  # noqa: F401  (registers qla, fla, flash_qla, flashinfer, torch)
 
 
 def backend_names() -> list[str]:

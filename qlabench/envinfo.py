@@ -29,6 +29,8 @@ _DISTS = {
     "tilelang": ("tilelang",),
     "fla": ("fla-core", "flash-linear-attention"),
     "flash_qla": ("flash-qla", "flash_qla"),
+    "flashinfer": ("flashinfer-python", "flashinfer"),
+    "cutlass_dsl": ("nvidia-cutlass-dsl-libs-base", "nvidia-cutlass-dsl"),  # FlashInfer's GDN compiler
 }
 
 

@@ -24,6 +24,8 @@ class Backend:
     description: str = ""
     # kernel names a profiler may see for this backend; used by check_kernels (FLA path check)
     expects_cuda: bool = True
+    # the phases it implements; the runner records a row of any other phase as unavailable
+    phases: tuple[str, ...] = ("fwd", "bwd", "fwdbwd")
 
     def available(self, device: str) -> tuple[bool, str]:
         """Whether this backend can run on ``device`` ('cuda' or 'cpu'), and why not."""
@@ -32,6 +34,12 @@ class Backend:
         if self.expects_cuda and not torch.cuda.is_available():
             return False, "no CUDA GPU visible to torch"
         return True, ""
+
+    def supports(self, phase: str) -> tuple[bool, str]:
+        """Whether this backend implements ``phase`` ('fwd', 'bwd', 'fwdbwd'), and why not."""
+        if phase in self.phases:
+            return True, ""
+        return False, f"{self.name} implements {', '.join(self.phases)} only, not {phase}"
 
     def version(self) -> str | None:
         return None

@@ -6,7 +6,7 @@ configuration once and reuses it over all of that preset's patterns. Inside a ca
 one after another on the same input buffers.
 
 Per backend and case:
-    available? ── no ──> row `unavailable` (reason in message)
+    available, and implements the case's phase? ── no ──> row `unavailable` (reason in message)
     first call (timed apart: compilation, autotuning)  -> outputs checked against the reference
     peak memory of one call, then timing (timing.measure)
     [CUDA, backends that verify their path] one profiled call -> kernel names -> check_kernels
@@ -339,6 +339,8 @@ class Runner:
         runnable = []
         for b in pending:
             ok, why = self.avail[b.name]
+            if ok:
+                ok, why = b.supports(case.phase)  # a forward-only library has no bwd rows
             if ok:
                 runnable.append(b)
             else:

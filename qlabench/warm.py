@@ -163,6 +163,8 @@ def run_task(task: WarmTask, opts: WarmOptions) -> dict:
         if opts.threads:
             torch.set_num_threads(opts.threads)
         ok, why = task.backend.available(opts.device)
+        if ok:
+            ok, why = task.backend.supports(task.phase)
         if not ok:
             out.update(status="unavailable", message=why)
             return out

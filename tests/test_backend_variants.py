@@ -52,7 +52,7 @@ def test_variant_backend_carries_its_options():
     ("qla:speed=fast", r"backend 'qla:speed=fast': unknown kernel option 'speed'; known: cp, fwd_kernel"),
     ("qla:cp", r"backend 'qla:cp': kernel option 'cp' needs key=value"),
     ("fla:cp=on", r"backend 'fla:cp=on': backend 'fla' takes no options"),
-    ("qlb:cp=on", r"unknown backend 'qlb'; known: qla, fla, flash_qla, torch"),
+    ("qlb:cp=on", r"unknown backend 'qlb'; known: qla, fla, flash_qla, flashinfer, torch"),
 ])
 def test_bad_variants_name_the_key_and_value(spec, match):
     with pytest.raises(ValueError, match=match):
