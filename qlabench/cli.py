@@ -75,10 +75,10 @@ def _setup_error(msg: str) -> None:
 @click.option("--verbose", is_flag=True,
               help="End-of-run report with the first-call section (compile / load time per head configuration) "
                    "and its explanation [default: speed and accuracy only; `qlabench report` shows it all].")
-@click.option("--kernel-split", is_flag=True,
+@click.option("--kernel-split", "--profile", "kernel_split", is_flag=True,
               help="Also profile a few calls of every timed row (torch.profiler) and record its device time "
               "per kernel name (row field kernel_split, us per call); reports show it per case "
-              "[default: off].")
+              "[default: off]. --profile is the same flag.")
 @click.option("--gpus", default=None,
               help="Shard the cases over local GPUs, one worker process per GPU, rows merged into --out: all, "
               "a count N (GPUs 0..N-1) or indices 0,2,5 (one index: 3,) [default: one GPU, in this process].")

@@ -79,10 +79,10 @@ def _forward(q, k, v, g, beta, *, scale, initial_state, cu_seqlens, output_final
     return (*out, None)
 
 
-def _cp_plan(q, v, cu_seqlens, options: KernelOptions | None = None):
-    """The CP plan of a call when the cp option (QLABENCH_CP without options) and the plan's rule
-    turn CP on, else None."""
-    mode = cp_mode(options)
+def _cp_plan(q, v, cu_seqlens, options: KernelOptions | None = None, mode: str | None = None):
+    """The CP plan of a call when ``mode`` (default: the cp option, QLABENCH_CP without options) and
+    the plan's rule turn CP on, else None."""
+    mode = cp_mode(options) if mode is None else mode
     if mode == "off":
         return None
     from .cp import plan_cp
@@ -96,9 +96,45 @@ def _cp_plan(q, v, cu_seqlens, options: KernelOptions | None = None):
     return plan if plan.enabled else None
 
 
+# bwd_cp=auto's rule, measured on the H200 (results/h200/NOTES.md, session 5): the backward's own pieces
+# (piece states recomputed) paid only for one 32768-token sequence over 4 v-heads (2.23 -> 1.62 ms at
+# hk2_hv4); at 16 chains (hk16_hv16 1x32768, hk2_hv4 8192x4) and for 8192-token sequences they cost more
+# (recompute, batched correction, transition passes) than the split serial passes saved.
+BWD_CP_MAX_CHAINS = 4
+BWD_CP_MIN_TOKENS = 32768
+
+
+def bwd_cp_plan(q, v, cu_seqlens, options: KernelOptions | None = None):
+    """The CP plan of the backward of a forward that ran without CP, or None (the plain backward).
+
+    ``options.bwd_cp`` (QLABENCH_BWD_CP without options): off; on (cp.py's pieces whenever a sequence
+    is long enough to cut); auto (the default): cp.py's plan where it is enabled, the call has at most
+    BWD_CP_MAX_CHAINS (sequence, v-head) chains and its longest sequence has at least BWD_CP_MIN_TOKENS
+    tokens (the measured rule above), else None.
+    """
+    if options is not None:
+        mode = options.bwd_cp
+    else:
+        from .dispatch import env_choice
+
+        mode = env_choice("QLABENCH_BWD_CP", CP_MODES, "auto")
+    plan = _cp_plan(q, v, cu_seqlens, mode=mode)
+    if plan is None:
+        return None
+    if mode == "auto":
+        longest = {}
+        for bos, eos, seq in plan.pieces:
+            longest[seq] = longest.get(seq, 0) + (eos - bos)
+        if plan.n_seqs * v.shape[2] > BWD_CP_MAX_CHAINS or max(longest.values()) < BWD_CP_MIN_TOKENS:
+            return None
+    return plan
+
+
 class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
-    """Forward on our kernels; backward on `backward.chunk_gated_delta_rule_bwd` (recomputing h), or on
-    `backward_cp.chunk_gated_delta_rule_bwd_cp` over the forward's pieces when the forward ran CP."""
+    """Forward on our kernels; backward on `backward_cp.chunk_gated_delta_rule_bwd_cp` over the
+    forward's pieces when the forward ran CP, else over `bwd_cp_plan`'s pieces (the piece initial
+    states recomputed) when it plans any, else on `backward.chunk_gated_delta_rule_bwd` (recomputing
+    h)."""
 
     @staticmethod
     def forward(ctx, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, state_v_first,
@@ -123,10 +159,10 @@ class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
         args = (q, k, v, g_cumsum, beta, A, do.contiguous(), dht)
         kw = {"scale": ctx.scale, "initial_state": initial_state, "cu_seqlens": cu_seqlens,
               "state_v_first": ctx.state_v_first, "options": getattr(ctx, "options", None)}
-        if ctx.cp is not None:  # the forward ran CP: the backward mirrors it over the same pieces
+        plan, h0_pieces = ctx.cp if ctx.cp is not None else (bwd_cp_plan(q, v, cu_seqlens, kw["options"]), None)
+        if plan is not None:  # the forward's pieces (and piece states), or the backward's own
             from .backward_cp import chunk_gated_delta_rule_bwd_cp
 
-            plan, h0_pieces = ctx.cp
             dq, dk, dv, dbeta, dg, dh0 = chunk_gated_delta_rule_bwd_cp(
                 *args, **kw, plan=plan, h0_pieces=h0_pieces, transition="always")
         else:

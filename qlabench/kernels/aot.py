@@ -94,12 +94,12 @@ def backward_kernels(h_qk: int, h_v: int, arch: str, dtype: str = "bfloat16") ->
     jobs = [("chunk_local_cumsum_reverse", f"H={h_v} C={a.chunk_size}",
              lambda: chunk_local_cumsum_kernel(h_v, a.chunk_size, True, a.name))]
     # one kernel set serves both state layouts (the host transposes the per-sequence states); the
-    # variants follow the heads as in the API (backward._kernels: bwd_intra's dq, dk in dtype when
+    # variants follow the heads as in the API (backward._kernels: bwd_chunk/bwd_intra's dq, dk in dtype when
     # h_v == h_qk, fp32 with GQA). The API picks the V tile of bwd_h / bwd_dh from its grid
     # (backward._value_tile: 32 or 64 on sm90, 64 on sm100), so every tile the arch may take is
     # compiled; the other three kernels do not depend on it (compiled once, cached in-process).
     for bv in value_tiles(a.name):
-        jobs.append(("backward (5 kernels)", f"hk{h_qk}_hv{h_v} {dtype} BV={bv}",
+        jobs.append(("backward kernels", f"hk{h_qk}_hv{h_v} {dtype} BV={bv}",
                      lambda bv=bv: compile_backward_kernels(h_qk, h_v, dtype=dtype, target=a.name, bv=bv)))
     return jobs
 

@@ -1,9 +1,8 @@
-"""Low-level backward: prepare -> h recompute -> reverse dh pass -> per-chunk state grads -> per-chunk
-intra grads.
+"""Low-level backward: prepare -> h recompute -> reverse dh pass -> per-chunk gradients.
 
-Five launches (Hopper, ``hopper/bwd_*.py``), then (GQA only) the group sums of dq, dk in fp32 and
-their cast, and the zero padding tail (a slice memset of the tail rows). The math of each kernel, step
-for step, is in ``emulate_bwd.py``:
+Four launches on sm90 (``hopper/bwd_*.py``; five on sm100, whose per-chunk gradients are two kernels),
+then (GQA only) the group sums of dq, dk in fp32 and their cast, and the zero padding tail (a slice
+memset of the tail rows). The math of each kernel, step for step, is in ``emulate_bwd.py``:
 
     bwd_prepare  grid (NCmax, H_v)       per chunk: Pg, Ag (bf16 C x C masks), factors e, r, beta
     bwd_h        grid (V / BV, N * H_v)  forward over chunks: h (state at every chunk start) and
@@ -12,13 +11,15 @@ for step, is in ``emulate_bwd.py``:
                                          formed off the serial chain), on sm100
                                          ``blackwell/bwd_h_pipelined.py``
     bwd_dh       grid (V / BV, N * H_v)  reverse over chunks: dh (state grad at every chunk end), dv,
-                                         dV', dh0; ``hopper/bwd_dh_pipelined.py`` (reads Pg, Ag and
-                                         the factors: no exp or mask in the serial loop)
-    bwd_state    grid (NCmax, H_v)       per chunk, full V: dAg, dPg, dq0, dk0, dgam0 (fp32)
-    bwd_intra    grid (NCmax, H_v)       per chunk: dq, dk per v-head, dbeta, dg (raw gate); dq, dk
-                                         accumulate in fp32 and are stored in q's dtype when
-                                         H_v == H_qk (the final gradients, no host pass), in fp32
-                                         for GQA (summed over each group on the host)
+                                         dV', dh0; on sm90 ``hopper/bwd_dh_ws.py`` (warp-specialized;
+                                         KernelOptions.bwd_dh = pipelined: ``bwd_dh_pipelined.py``),
+                                         on sm100 ``blackwell/bwd_dh_pipelined.py``; both read Pg, Ag
+                                         and the factors: no exp or mask in the serial loop
+    bwd_chunk    grid (NCmax, H_v)       sm90, per chunk, full V: dq, dk per v-head, dbeta, dg (raw
+                                         gate) with every intermediate on chip (``hopper/bwd_chunk.py``)
+      sm100:     bwd_state (dAg, dPg, dq0, dk0, dgam0 in fp32 HBM) then bwd_intra (the rest)
+    dq, dk accumulate in fp32 and are stored in q's dtype when H_v == H_qk (the final gradients, no
+    host pass), in fp32 for GQA (summed over each group on the host); see `chunk_grads`.
 
 V tile BV of bwd_h and bwd_dh (`_value_tile`): their N * H_v (sequence, v-head) pairs each walk all
 of the sequence's chunks in order, so with few pairs the grid leaves most SMs idle; BV = 32 (when
@@ -35,7 +36,7 @@ from __future__ import annotations
 import torch
 
 from .common.chunks import chunk_table
-from .dispatch import arch_by_name, arch_for_device, env_choice, kernel_factory, require_backward
+from .dispatch import arch_by_name, arch_for_device, env_choice, has_kernel, kernel_factory, require_backward
 from .validate import validate
 
 __all__ = ["chunk_gated_delta_rule_bwd", "compile_backward_kernels"]
@@ -111,27 +112,35 @@ def _kernels(h_qk: int, h_v: int, dtype: str, arch: str, bv: int = _BV, bwd_dh: 
 
     K = V = _HEAD_DIM
     C = a.chunk_size
-    return {
+    kernels = {
         "bwd_prepare": f("bwd_prepare")(h_qk, h_v, K, C, dtype, a.name),
         "bwd_h": f("bwd_h")(h_qk, h_v, K, V, bv, C, dtype, a.name),
         "bwd_dh": f(_dh_role(a, bwd_dh))(h_qk, h_v, K, V, bv, C, dtype, a.name),
-        "bwd_state": f("bwd_state")(h_qk, h_v, K, V, C, dtype, a.name),
-        "bwd_intra": f("bwd_intra")(h_qk, h_v, K, C, dtype, a.name,
-                                    out_dtype=_intra_out_dtype(h_qk, h_v, dtype)),
     }
+    if has_kernel(a, "bwd_chunk"):  # sm90: the per-chunk gradients in one kernel
+        kernels["bwd_chunk"] = f("bwd_chunk")(h_qk, h_v, K, V, C, dtype, a.name)
+    else:
+        kernels["bwd_state"] = f("bwd_state")(h_qk, h_v, K, V, C, dtype, a.name)
+        kernels["bwd_intra"] = f("bwd_intra")(h_qk, h_v, K, C, dtype, a.name,
+                                              out_dtype=_intra_out_dtype(h_qk, h_v, dtype))
+    return kernels
 
 
 _DH_CHOICES = ("auto", "ws", "pipelined")
 
 
 def _dh_role(arch, bwd_dh: str | None = None) -> str:
-    """bwd_dh's file: hopper/bwd_dh_ws.py (manually warp-specialized, same signature) when
-    ``bwd_dh`` (KernelOptions.bwd_dh; None: QLABENCH_BWD_DH) is ws (opt-in; sm90 only: elsewhere
-    kernel_factory raises), else the arch's bwd_dh."""
+    """bwd_dh's file for ``bwd_dh`` (KernelOptions.bwd_dh; None: QLABENCH_BWD_DH): ``auto`` takes
+    hopper/bwd_dh_ws.py (manually warp-specialized, same signature) where the arch has it (sm90;
+    faster than bwd_dh_pipelined on the H200, results/h200/NOTES.md session 5), else the arch's
+    bwd_dh; ``ws`` forces it (sm90 only:
+    elsewhere kernel_factory raises); ``pipelined`` takes the arch's bwd_dh."""
     choice = env_choice("QLABENCH_BWD_DH", _DH_CHOICES, "auto") if bwd_dh is None else bwd_dh
     if choice not in _DH_CHOICES:
         raise ValueError(f"bwd_dh must be one of {', '.join(_DH_CHOICES)}, got {choice!r}")
-    return "bwd_dh_ws" if choice == "ws" else "bwd_dh"
+    if choice == "ws" or (choice == "auto" and has_kernel(arch, "bwd_dh_ws")):
+        return "bwd_dh_ws"
+    return "bwd_dh"
 
 
 def compile_backward_kernels(h_qk, h_v, scale=None, dtype="bfloat16", state_v_first=False, target="sm90", *,
@@ -140,7 +149,7 @@ def compile_backward_kernels(h_qk, h_v, scale=None, dtype="bfloat16", state_v_fi
 
     ``scale`` and ``state_v_first`` do not specialise the kernels (scale is a runtime argument, the
     host transposes states) and are accepted for a uniform signature. The head counts do: with
-    h_v == h_qk bwd_intra stores dq, dk in ``dtype``, with GQA in fp32 (`_intra_out_dtype`). ``bv``
+    h_v == h_qk bwd_chunk (sm90) or bwd_intra (sm100) stores dq, dk in ``dtype``, with GQA in fp32 (`_intra_out_dtype`). ``bv``
     is the V tile of bwd_h and bwd_dh (`value_tiles(target)`; the API picks one per call from its
     grid, `_value_tile`). The older positional form ``(h_qk, h_v, dtype, state_v_first, target)`` is
     also accepted.
@@ -240,9 +249,39 @@ def _zero_padding_tail(table, n_tok: int, buffers) -> None:
         x.masked_fill_(tail.view((n_tok,) + (1,) * (x.dim() - 1)), 0)
 
 
+def chunk_grads(kernels, p, q2, k2, v2, do2, dvp, dv, g2, b2, A2, h, dh, bounds, C):
+    """The per-chunk gradients (dq, dk `[BT, H_qk, K]` in q's dtype, dbeta, dg `[BT, H_v]` fp32;
+    flattened token axis) from the states h, dh and bwd_dh's dV', dv. sm90: one launch of bwd_chunk,
+    which sums dq, dk over each GQA group in registers. sm100: bwd_state then bwd_intra through fp32
+    intermediates, dq, dk per v-head (in q's dtype when H_v == H_qk, else fp32 summed here)."""
+    dev = q2.device
+    f32 = torch.float64 if q2.dtype == torch.float64 else torch.float32  # float64 with the float64 twins
+    BT, H, K, G = q2.shape[0], p.h_v, p.K, p.group
+    dbeta = _alloc((BT, H), f32, dev)
+    dg = _alloc((BT, H), f32, dev)
+    if "bwd_chunk" in kernels:
+        dq = _alloc((BT, p.h_qk, K), q2.dtype, dev)
+        dk = _alloc((BT, p.h_qk, K), q2.dtype, dev)
+        kernels["bwd_chunk"](q2, k2, v2, do2, dvp, dv, g2, b2, A2, h, dh, bounds, dq, dk, dbeta, dg, p.scale)
+        return dq, dk, dbeta, dg
+    dq_v = _alloc((BT, H, K), q2.dtype if G == 1 else f32, dev)
+    dk_v = _alloc((BT, H, K), dq_v.dtype, dev)
+    dAg = _alloc((BT, H, C), f32, dev)
+    dPg = _alloc((BT, H, C), f32, dev)
+    dq0 = _alloc((BT, H, K), f32, dev)
+    dk0 = _alloc((BT, H, K), f32, dev)
+    dgam0 = _alloc((BT, H), f32, dev)
+    kernels["bwd_state"](k2, v2, do2, dvp, dv, g2, b2, A2, h, dh, bounds, dAg, dPg, dq0, dk0, dgam0, p.scale)
+    kernels["bwd_intra"](q2, k2, g2, b2, A2, dAg, dPg, dq0, dk0, dgam0, bounds, dq_v, dk_v, dbeta, dg, p.scale)
+    if G > 1:
+        dq_v = dq_v.view(BT, p.h_qk, G, K).sum(2)
+        dk_v = dk_v.view(BT, p.h_qk, G, K).sum(2)
+    return dq_v, dk_v, dbeta, dg
+
+
 def _bwd_impl(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, state_v_first, C,
               kernels):
-    """Runs the five kernels (``kernels`` maps names to callables with the compiled signatures)."""
+    """Runs the kernels (``kernels`` maps names to callables with the compiled signatures)."""
     dev, dtype = q.device, q.dtype
     BT, H, G = p.B * p.T, p.h_v, p.group
     f32 = torch.float32
@@ -277,25 +316,8 @@ def _bwd_impl(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens,
     kernels["bwd_dh"](q2, k2, do2, Pg, Ag, fac, cu, offsets, dht2, dh, dvp, dv, dh0, p.scale)
     del Pg, Ag, fac
 
-    dAg = _alloc((BT, H, C), f32, dev)
-    dPg = _alloc((BT, H, C), f32, dev)
-    dq0 = _alloc((BT, H, p.K), f32, dev)
-    dk0 = _alloc((BT, H, p.K), f32, dev)
-    dgam0 = _alloc((BT, H), f32, dev)
-    kernels["bwd_state"](k2, v2, do2, dvp, dv, g2, b2, A2, h, dh, bounds, dAg, dPg, dq0, dk0, dgam0, p.scale)
+    dq_v, dk_v, dbeta, dg = chunk_grads(kernels, p, q2, k2, v2, do2, dvp, dv, g2, b2, A2, h, dh, bounds, C)
     del h, dh, dvp
-
-    # H_v == H_qk: bwd_intra stores dq, dk in q's dtype (compiled so by _kernels); GQA: fp32 per v-head
-    dqk_dtype = dtype if G == 1 else f32
-    dq_v = _alloc((BT, H, p.K), dqk_dtype, dev)
-    dk_v = _alloc((BT, H, p.K), dqk_dtype, dev)
-    dbeta = _alloc((BT, H), f32, dev)
-    dg = _alloc((BT, H), f32, dev)
-    kernels["bwd_intra"](q2, k2, g2, b2, A2, dAg, dPg, dq0, dk0, dgam0, bounds, dq_v, dk_v, dbeta, dg, p.scale)
-
-    if G > 1:
-        dq_v = dq_v.view(BT, p.h_qk, G, p.K).sum(2)
-        dk_v = dk_v.view(BT, p.h_qk, G, p.K).sum(2)
     if cu_seqlens is not None:  # dense inputs have no padding tail
         _zero_padding_tail(table, BT, (dq_v, dk_v, dv, dbeta, dg))
     dq = dq_v.to(dtype).reshape(p.B, p.T, p.h_qk, p.K)  # no copy when G == 1

@@ -9,7 +9,7 @@ kernels (`emulate_bwd.KERNEL_TWINS`, `emulate_fwd.TWIN_KERNELS`).
 Why. The backward's serial parts are the two chunk recurrences: bwd_h (forward over chunks, the
 state at every chunk start) and bwd_dh (reverse over chunks, the state gradient at every chunk end,
 dv, dh0). With one long sequence and few heads their grid is a handful of blocks that walk hundreds
-of chunks while most SMs idle; bwd_prepare, bwd_state and bwd_intra are per chunk and already
+of chunks while most SMs idle; bwd_prepare and the per-chunk gradients (backward.chunk_grads) are per chunk and already
 parallel. The plan (`cp.py`, the forward's) cuts long sequences into chunk-aligned pieces; pieces
 share the sequences' chunk grid, so every per-chunk table (bwd_prepare's masks and factors, the
 chunk bounds, the h / dh rows) is the same for pieces as for sequences, and a piece is run by the
@@ -53,9 +53,10 @@ Launches:
       n_slots - 2 batched matmuls (baddbmm) plus ~6 gathers.
   (e) final reverse pass: bwd_dh over all pieces from the corrected terminal gradients: dh at every
       chunk end, dV', dv, and dh0 of each sequence = the start gradient of its first piece.
-  (f) bwd_state, bwd_intra over the original chunks, unchanged; GQA sums and the padding tail as
+  (f) the per-chunk gradients (backward.chunk_grads: bwd_chunk on sm90) over the original chunks,
+      unchanged; GQA sums and the padding tail as
       backward.py. The reverse cumsum of dg is chunk-local, so pieces change nothing there.
-  TileLang launches: 6 with S_in given and no transition pass, 7 with it (backward.py: 5), plus
+  TileLang launches on sm90: 5 with S_in given and no transition pass, 6 with it (backward.py: 4), plus
   2-3 for the S_in recompute.
 
 Error bound of the truncation (``decay_threshold``, default -10, same rule as forward_cp.py). For
@@ -173,7 +174,7 @@ def _chunk_gate_prefix(g2: torch.Tensor, bounds: torch.Tensor):
 def _bwd_cp(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, state_v_first, plan,
             decay_threshold, transition, h0_pieces, kernels: BackwardCPKernels, arch, sms: int):
     """The orchestration; ``kernels`` are the device kernels or their float64 twins."""
-    from .backward import _zero_padding_tail
+    from .backward import _zero_padding_tail, chunk_grads
 
     C = arch.chunk_size
     check_cp_arguments(p, plan, decay_threshold, transition, C)
@@ -282,23 +283,8 @@ def _bwd_cp(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, s
     del Pg, Ag, fac
 
     # (f) per-chunk gradients over the original chunks (as backward.py).
-    dAg = torch.empty(BT, H, C, dtype=f32, device=dev)
-    dPg = torch.empty(BT, H, C, dtype=f32, device=dev)
-    dq0 = torch.empty(BT, H, K, dtype=f32, device=dev)
-    dk0 = torch.empty(BT, H, K, dtype=f32, device=dev)
-    dgam0 = torch.empty(BT, H, dtype=f32, device=dev)
-    bwd["bwd_state"](k2, v2, do2, dvp, dv, g2, b2, A2, h, dh, bounds, dAg, dPg, dq0, dk0, dgam0, p.scale)
+    dq_v, dk_v, dbeta, dg = chunk_grads(bwd, p, q2, k2, v2, do2, dvp, dv, g2, b2, A2, h, dh, bounds, C)
     del h, dh, dvp
-    # bwd_intra stores dq, dk in q's dtype when H_v == H_qk (backward._intra_out_dtype), else fp32
-    dq_v = torch.empty(BT, H, K, dtype=dtype if G == 1 else f32, device=dev)
-    dk_v = torch.empty_like(dq_v)
-    dbeta = torch.empty(BT, H, dtype=f32, device=dev)
-    dg = torch.empty(BT, H, dtype=f32, device=dev)
-    bwd["bwd_intra"](q2, k2, g2, b2, A2, dAg, dPg, dq0, dk0, dgam0, bounds, dq_v, dk_v, dbeta, dg, p.scale)
-
-    if G > 1:
-        dq_v = dq_v.view(BT, p.h_qk, G, K).sum(2)
-        dk_v = dk_v.view(BT, p.h_qk, G, K).sum(2)
     if cu_seqlens is not None:
         _zero_padding_tail(table, BT, (dq_v, dk_v, dv, dbeta, dg))
     dq = dq_v.to(dtype).reshape(p.B, p.T, p.h_qk, K)

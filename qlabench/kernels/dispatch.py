@@ -62,8 +62,8 @@ _HOPPER_BACKWARD = {
     "bwd_prepare": "hopper.bwd_prepare:bwd_prepare_kernel",
     "bwd_h": "hopper.bwd_h_ws:bwd_h_ws_kernel",
     "bwd_dh": "hopper.bwd_dh_pipelined:bwd_dh_pipelined_kernel",
-    "bwd_state": "hopper.bwd_state:bwd_state_kernel",
-    "bwd_intra": "hopper.bwd_intra:bwd_intra_kernel",
+    # every per-chunk gradient in one kernel (bwd_state + bwd_intra fused, intermediates on chip)
+    "bwd_chunk": "hopper.bwd_chunk:bwd_chunk_kernel",
 }
 _SM100_FORWARD = {
     "kkt_solve": "blackwell.kkt_solve:kkt_solve_kernel",
@@ -83,10 +83,11 @@ _SM100_BACKWARD = {
     "bwd_intra": "blackwell.bwd_intra:bwd_intra_kernel",
 }
 FORWARD_ROLES = tuple(_HOPPER_FORWARD)
-BACKWARD_ROLES = tuple(_HOPPER_BACKWARD)
+# the per-chunk gradients are one kernel (bwd_chunk) on sm90 and two (bwd_state, bwd_intra) on sm100
+BACKWARD_ROLES = tuple(_HOPPER_BACKWARD) + ("bwd_state", "bwd_intra")
 KERNEL_MODULES: dict[str, dict[str, str]] = {
-    # verified on an H200; bwd_dh_ws (manually warp-specialized reverse pass) is opt-in,
-    # KernelOptions.bwd_dh = ws (backward._dh_role); kkt_solve_grouped (one block per chunk and
+    # verified on an H200; bwd_dh_ws (manually warp-specialized reverse pass) is the default reverse
+    # pass (KernelOptions.bwd_dh = auto / ws; backward._dh_role); kkt_solve_grouped (one block per chunk and
     # qk-head, GQA) is opt-in, KernelOptions.kkt = grouped (forward.kkt_role)
     "sm90": {**_HOPPER_FORWARD, **_HOPPER_BACKWARD, "bwd_dh_ws": "hopper.bwd_dh_ws:bwd_dh_ws_kernel",
              "kkt_solve_grouped": "hopper.kkt_solve_grouped:kkt_solve_grouped_kernel"},
@@ -105,13 +106,13 @@ def kernel_factory(arch: Arch | str, role: str):
     a = arch if isinstance(arch, Arch) else arch_by_name(arch)
     table = KERNEL_MODULES[a.name]
     if role not in table:
-        if role in BACKWARD_ROLES:
+        if role in BACKWARD_ROLES and not a.has_backward:
             raise NotImplementedError(
                 f"qlabench has no backward kernels for {a.name} ({a.module}, compute capability "
                 + " / ".join(f"{x}.{y}" for x, y in a.capabilities)
                 + "): the forward runs there, gradients do not"
             )
-        if role in FORWARD_ROLES:
+        if role in FORWARD_ROLES + BACKWARD_ROLES:
             raise ValueError(f"kernel {role!r} has no {a.name} version; {a.name} has: {', '.join(table)}")
         raise ValueError(f"unknown kernel {role!r}; known: {', '.join(FORWARD_ROLES + BACKWARD_ROLES)}")
     module, func = table[role].split(":")

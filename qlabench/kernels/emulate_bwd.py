@@ -19,7 +19,7 @@ start, dS = gradient of the state at the chunk end, A = gate-free A_k):
     kernel bwd_dh (reverse order, V-tiled, reads Pg, Ag and the factors; ``hopper/bwd_dh_pipelined.py``):
         dh[c] = dS;  dV' = diag(r) K dS + Pg^T dO;  dv = Ag^T dV';  dU = -diag(e) dv
         dS = exp(gam_C) dS + K^T dU + Q^T (scale diag(e) dO);   after the first chunk: dh0 = dS
-    kernel bwd_state (one block per chunk, full V):
+    kernel bwd_state (one block per chunk, full V; sm90 fuses it with bwd_intra: hopper/bwd_chunk.py):
         U = K S0;  W = V - diag(e) U;  V' = Ag W
         dAg = dV' W^T;  dPg = dO V'^T;  dq0 = scale diag(e) dO S0^T
         T1 = V' dS^T;  dk0 = diag(r) T1 + dU S0^T
@@ -41,7 +41,7 @@ import torch
 
 from .validate import validate
 
-__all__ = ["KERNEL_TWINS", "emulate_chunk_gated_delta_rule_bwd"]
+__all__ = ["KERNEL_TWINS", "SM100_CHUNK_TWINS", "emulate_chunk_gated_delta_rule_bwd"]
 
 F64 = torch.float64
 
@@ -370,5 +370,29 @@ def twin_bwd_dh_pipelined(q, k, do, Pg, Ag, fac, cu_seqlens, chunk_offsets, dht,
         dh0_out[n] = dS.to(dh0_out.dtype)
 
 
+def twin_bwd_chunk(q, k, v, do, dvp, dv, g_cumsum, beta, A, h, dh, chunk_bounds, dq_out, dk_out, dbeta_out,
+                   dg_out, scale):
+    """hopper/bwd_chunk.py: bwd_state then bwd_intra per v-head with the fp32 intermediates kept in
+    fp32 (on chip in the kernel, through HBM in the two-kernel form: the same values), dq, dk summed
+    over each GQA group in fp32 and stored once in ``dq_out``'s dtype (`[T, H_qk, K]`)."""
+    T, H, C, K = v.shape[0], v.shape[1], A.shape[-1], k.shape[-1]
+    G = H // q.shape[1]
+    f32 = F64 if q.dtype == F64 else torch.float32  # the kernel's fp32 registers (float64 twins: float64)
+    dAg, dPg = torch.zeros(T, H, C, dtype=f32), torch.zeros(T, H, C, dtype=f32)
+    dq0, dk0, dgam0 = torch.zeros(T, H, K, dtype=f32), torch.zeros(T, H, K, dtype=f32), torch.zeros(T, H, dtype=f32)
+    dq_v, dk_v = torch.zeros(T, H, K, dtype=f32), torch.zeros(T, H, K, dtype=f32)
+    twin_bwd_state(k, v, do, dvp, dv, g_cumsum, beta, A, h, dh, chunk_bounds, dAg, dPg, dq0, dk0, dgam0, scale)
+    twin_bwd_intra(q, k, g_cumsum, beta, A, dAg, dPg, dq0, dk0, dgam0, chunk_bounds, dq_v, dk_v, dbeta_out,
+                   dg_out, scale)
+    rows = chunk_bounds[:, 1] > chunk_bounds[:, 0]
+    tok = torch.zeros(T, dtype=torch.bool)
+    for t0, end in chunk_bounds[rows].tolist():
+        tok[t0:end] = True
+    dq_out[tok] = dq_v.view(T, -1, G, K).sum(2)[tok].to(dq_out.dtype)
+    dk_out[tok] = dk_v.view(T, -1, G, K).sum(2)[tok].to(dk_out.dtype)
+
+
+# sm90's launch set (backward._kernels); sm100 runs bwd_state + bwd_intra in place of bwd_chunk
 KERNEL_TWINS = {"bwd_prepare": twin_bwd_prepare, "bwd_h": twin_bwd_h_pipelined, "bwd_dh": twin_bwd_dh_pipelined,
-                "bwd_state": twin_bwd_state, "bwd_intra": twin_bwd_intra}
+                "bwd_chunk": twin_bwd_chunk}
+SM100_CHUNK_TWINS = {"bwd_state": twin_bwd_state, "bwd_intra": twin_bwd_intra}

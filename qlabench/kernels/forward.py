@@ -137,7 +137,7 @@ def recurrence_role(n_blocks: int, sm_count: int, arch: Arch | str | None = None
     """Kernel role of the chunk recurrence: the manually warp-specialized one where the arch has it
     (sm90: hopper/chunk_fwd_ws.py), else the TMA-pipelined one.
 
-    Measured on the H200 (tools/fwd_variants.py, results/h200/NOTES.md, f7c378e): the warp-specialized
+    Measured on the H200 (results/h200/NOTES.md, f7c378e): the warp-specialized
     recurrence (producer / state / output warpgroups: only the state path on the per-chunk critical
     path) against the pipelined one, recurrence kernel alone, ms: 1x32768 hk16_hv16 0.819 vs 0.976,
     hk2_hv8 0.815 vs 0.972, hk16_hv64 1.650 vs 1.951, 8192x4 hk16_hv16 0.416 vs 0.494, 1x2048 hk2_hv8

@@ -25,18 +25,22 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "fwd_kernel": ("auto", "pipelined", "simple", "ws"),
     "kkt": ("default", "grouped"),
     "bwd_dh": ("auto", "ws", "pipelined"),
+    "bwd_cp": ("auto", "on", "off"),
 }
 ENV_VARS: dict[str, str] = {
     "cp": "QLABENCH_CP",
     "fwd_kernel": "QLABENCH_FWD_KERNEL",
     "kkt": "QLABENCH_KKT",
     "bwd_dh": "QLABENCH_BWD_DH",
+    "bwd_cp": "QLABENCH_BWD_CP",
 }
 MEANING: dict[str, str] = {
     "cp": "intra-card context parallelism of the forward and its backward: off, auto (cp.py's rule), on",
     "fwd_kernel": "forward chunk recurrence: auto (ws on sm90, else pipelined), ws, pipelined, simple",
     "kkt": "per-chunk solve: default (kkt_solve), grouped (kkt_solve_grouped: sm90, GQA only)",
-    "bwd_dh": "backward reverse pass: auto / pipelined (bwd_dh_pipelined), ws (bwd_dh_ws, sm90 only)",
+    "bwd_dh": "backward reverse pass: auto (ws on sm90, else pipelined), ws (bwd_dh_ws, sm90 only), pipelined",
+    "bwd_cp": "CP of the backward when the forward ran without it (piece states recomputed): auto "
+              "(api.bwd_cp_plan's rule), on, off",
 }
 
 
@@ -51,12 +55,16 @@ class KernelOptions:
         kkt: ``default`` | ``grouped`` (QLABENCH_KKT; grouped applies on sm90 with GQA, and not in
             the CP forward, which always runs kkt_solve).
         bwd_dh: ``auto`` | ``ws`` | ``pipelined`` (QLABENCH_BWD_DH; ``ws`` is sm90 only).
+        bwd_cp: ``auto`` | ``on`` | ``off`` (QLABENCH_BWD_CP): intra-card CP of the backward of a
+            forward that ran without CP (with ``cp`` on, the backward always mirrors the forward's
+            pieces); the backward then recomputes the piece initial states itself.
     """
 
     cp: str = "off"
     fwd_kernel: str = "auto"
     kkt: str = "default"
     bwd_dh: str = "auto"
+    bwd_cp: str = "auto"
 
     def __post_init__(self):
         for f in fields(self):

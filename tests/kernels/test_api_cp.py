@@ -73,8 +73,9 @@ def test_bad_mode_names_the_value(monkeypatch):
 
 
 def test_backward_follows_the_forward(monkeypatch):
-    """The autograd backward takes backward_cp with the forward's plan and piece states, else the
-    plain backward."""
+    """The autograd backward takes backward_cp with the forward's plan and piece states; without them
+    backward_cp over bwd_cp_plan's pieces (piece states recomputed: h0_pieces None) when it plans
+    any, else the plain backward."""
     from qlabench.kernels import backward, backward_cp
 
     seen = []
@@ -87,11 +88,35 @@ def test_backward_follows_the_forward(monkeypatch):
         saved_tensors = (None,) * 4 + (torch.zeros(1), None, None, None)  # beta: a tensor
         scale, state_v_first, g_dtype = 1.0, False, torch.float32
 
+    own_plan = [None]
+    monkeypatch.setattr(api, "bwd_cp_plan", lambda q, v, cu, options: own_plan[0])
     ctx = Ctx()
     ctx.cp = None
     api.ChunkGatedDeltaRuleFunction.backward(ctx, torch.zeros(1), None)
     ctx.cp = ("plan", "h0_pieces")
     api.ChunkGatedDeltaRuleFunction.backward(ctx, torch.zeros(1), None)
-    assert [name for name, _ in seen] == ["plain", "cp"]
+    ctx.cp, own_plan[0] = None, "bwd plan"
+    api.ChunkGatedDeltaRuleFunction.backward(ctx, torch.zeros(1), None)
+    assert [name for name, _ in seen] == ["plain", "cp", "cp"]
     assert seen[1][1]["plan"] == "plan" and seen[1][1]["h0_pieces"] == "h0_pieces"
-    assert seen[1][1]["transition"] == "always"
+    assert seen[2][1]["plan"] == "bwd plan" and seen[2][1]["h0_pieces"] is None
+    assert seen[1][1]["transition"] == seen[2][1]["transition"] == "always"
+
+
+def test_bwd_cp_plan_modes(monkeypatch):
+    """bwd_cp: off plans nothing, on cp.py's pieces, auto those only for at most 4 (sequence, v-head)
+    chains with a sequence of 32768+ tokens (the measured rule)."""
+    from qlabench.kernels import dispatch, forward
+    from qlabench.kernels.options import KernelOptions
+
+    monkeypatch.setattr(forward, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(dispatch, "arch_for_device", lambda device: dispatch.arch_by_name("sm90"))
+    few, many, short = torch.zeros(1, 32768, 4, 1), torch.zeros(1, 32768, 16, 1), torch.zeros(1, 8192, 4, 1)
+    assert api.bwd_cp_plan(few, few, None, KernelOptions(bwd_cp="off")) is None
+    assert api.bwd_cp_plan(few, few, None, KernelOptions()).n_pieces > 1  # auto
+    for x in (many, short):  # cp.py's plan cuts both; the measured rule does not take them
+        assert api.bwd_cp_plan(x, x, None, KernelOptions()) is None
+        assert api.bwd_cp_plan(x, x, None, KernelOptions(bwd_cp="on")).n_pieces > 1
+    two = torch.tensor([0, 32768, 65536], dtype=torch.int32)  # 2 sequences x 4 heads = 8 chains
+    x = torch.zeros(1, 65536, 4, 1)
+    assert api.bwd_cp_plan(x, x, two, KernelOptions()) is None

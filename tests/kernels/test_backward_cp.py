@@ -231,7 +231,7 @@ def test_plan_off_is_the_plain_backward():
     _, plan = _check_exact(want, args, 4, enable=False, calls=calls)
     assert not plan.enabled
     assert [(name, n) for name, n, _ in calls] == [("bwd_prepare", None), ("bwd_h", 1), ("bwd_dh", 1),
-                                                   ("bwd_state", None), ("bwd_intra", None)]
+                                                   ("bwd_chunk", None)]
 
 
 def _exact_dh(args):

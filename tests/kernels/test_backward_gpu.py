@@ -137,7 +137,7 @@ def test_random_varlen_with_tail(seed, nan_buffers):
 
 @pytest.mark.parametrize("h_qk", [4, 1], ids=["H4-HV4", "H1-HV1"])
 def test_varlen_tail_no_gqa(h_qk, nan_buffers):
-    """H_v == H_qk: bwd_intra stores dq, dk in bf16 directly (no fp32 buffer, no host cast), and the
+    """H_v == H_qk (one v-head per block of bwd_chunk): dq, dk stored in bf16 by the kernel, and the
     padding tail of those bf16 buffers is zeroed by the host."""
     cu, T = _varlen([300, 1, 64, 129, 65], tail=37)
     check_backward(make_inputs(T, h_qk, h_qk, cu_seqlens=cu, gate="qwen", h0=True))
@@ -180,16 +180,15 @@ _KERNEL_OUTPUTS = {
     "bwd_prepare": {6: "tok", 7: "tok", 8: "chunk"},
     "bwd_h": {7: "chunk"},
     "bwd_dh": {9: "chunk", 10: "tok", 11: "tok", 12: "seq"},
-    "bwd_state": {11: "tok", 12: "tok", 13: "tok", 14: "tok", 15: "tok"},
-    "bwd_intra": {11: "tok", 12: "tok", 13: "tok", 14: "tok"},
+    "bwd_chunk": {12: "tok", 13: "tok", 14: "tok", 15: "tok"},
 }
 
 
 @pytest.mark.parametrize("bv", [32, 64], ids=["BV32", "BV64"])
 @pytest.mark.parametrize("h_qk,h_v", [(2, 4), (2, 2)], ids=["H2-HV4", "H2-HV2"])
 def test_each_kernel_matches_its_twin(h_qk, h_v, bv, monkeypatch):
-    """Each compiled kernel vs its torch twin fed the same inputs (bf16 staging in both); H2-HV2 runs
-    the bwd_intra variant that stores dq, dk in bf16; both V tiles of bwd_h / bwd_dh (the API picks
+    """Each compiled kernel vs its torch twin fed the same inputs (bf16 staging in both); H2-HV4 has
+    bwd_chunk sum a group of two v-heads, H2-HV2 one; both V tiles of bwd_h / bwd_dh (the API picks
     32 when its grid fits one wave, backward._value_tile)."""
     from qlabench.kernels.emulate_bwd import KERNEL_TWINS
 

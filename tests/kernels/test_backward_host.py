@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from qlabench.kernels import backward
-from qlabench.kernels.emulate_bwd import KERNEL_TWINS
+from qlabench.kernels.emulate_bwd import KERNEL_TWINS, SM100_CHUNK_TWINS
 from qlabench.kernels.reference import chunk_gated_delta_rule_ref, chunk_intermediates_ref
 from qlabench.kernels.validate import validate
 
@@ -114,17 +114,27 @@ CASES = [
 ]
 
 
+# sm90 launches bwd_chunk (dq, dk outputs at arguments 12, 13: `[T, H_qk, K]` in q's dtype, the group
+# sum in the kernel); sm100 bwd_state + bwd_intra (11, 12: per v-head, fp32 with GQA)
+_CHUNK_PATHS = {
+    "sm90": ("bwd_chunk", 12, KERNEL_TWINS),
+    "sm100": ("bwd_intra", 11, {**{n: f for n, f in KERNEL_TWINS.items() if n != "bwd_chunk"}, **SM100_CHUNK_TWINS}),
+}
+
+
+@pytest.mark.parametrize("path", list(_CHUNK_PATHS))
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_backward_host_with_kernel_twins(case, monkeypatch):
+def test_backward_host_with_kernel_twins(case, path, monkeypatch):
     want, args = problem(case)
     seen = {}
+    last, i_dq, twins = _CHUNK_PATHS[path]
 
-    def intra(*a):  # bwd_intra's dq, dk buffers: q's dtype without GQA, fp32 (group-summed) with it
-        seen["dq"], seen["dk"] = a[11].dtype, a[12].dtype
-        return KERNEL_TWINS["bwd_intra"](*a)
+    def chunk(*a):  # the dq, dk buffers: q's dtype without GQA, fp32 (group-summed) with it
+        seen["dq"], seen["dk"] = a[i_dq].dtype, a[i_dq + 1].dtype
+        return twins[last](*a)
 
-    got = run_twins(args, monkeypatch, {**KERNEL_TWINS, "bwd_intra": intra})
-    dqk = torch.bfloat16 if case.h_qk == case.h_v else torch.float32
+    got = run_twins(args, monkeypatch, {**twins, last: chunk})
+    dqk = torch.bfloat16 if case.h_qk == case.h_v or path == "sm90" else torch.float32
     assert seen == {"dq": dqk, "dk": dqk}
     assert (got["dh0"] is None) == (not case.h0)
     assert got["dq"].dtype == got["dk"].dtype == got["dv"].dtype == torch.bfloat16
@@ -155,8 +165,9 @@ def test_padding_tail_zeroed(host_bounds, monkeypatch):
 
 @pytest.mark.parametrize("arch", ["sm90", "sm100"])
 def test_kernels_pick_the_intra_output_dtype(arch, monkeypatch):
-    """_kernels compiles bwd_intra with dq, dk in the inputs' dtype when H_v == H_qk (what _bwd_impl
-    allocates then) and in fp32 for GQA; no compile here (the factories are recorded)."""
+    """sm100: _kernels compiles bwd_intra with dq, dk in the inputs' dtype when H_v == H_qk (what
+    _bwd_impl allocates then) and in fp32 for GQA. sm90: bwd_chunk always stores them in the inputs'
+    dtype (it sums GQA groups itself) and has no variant. No compile here (the factories are recorded)."""
     calls = {}
 
     def factory(a, role):
@@ -169,12 +180,17 @@ def test_kernels_pick_the_intra_output_dtype(arch, monkeypatch):
     for h_qk, h_v, dtype, want in ((4, 4, "bfloat16", "bfloat16"), (2, 2, "float16", "float16"),
                                    (2, 4, "bfloat16", "float32"), (1, 8, "float16", "float32")):
         backward._kernels(h_qk, h_v, dtype, arch)
-        args, kw = calls["bwd_intra"]
-        assert args[-1] == arch and kw == {"out_dtype": want}, (h_qk, h_v, dtype, calls["bwd_intra"])
+        if arch == "sm90":
+            assert calls["bwd_chunk"] == ((h_qk, h_v, 128, 128, 64, dtype, arch), {}), calls["bwd_chunk"]
+            assert "bwd_state" not in calls and "bwd_intra" not in calls
+        else:
+            args, kw = calls["bwd_intra"]
+            assert args[-1] == arch and kw == {"out_dtype": want}, (h_qk, h_v, dtype, calls["bwd_intra"])
     # the V tile reaches bwd_h and bwd_dh (argument BV after h_qk, h_v, K, V)
     for bv in backward.value_tiles(arch):
         backward._kernels(2, 4, "bfloat16", arch, bv)
-        assert calls["bwd_h"][0][4] == calls["bwd_dh"][0][4] == bv
+        dh = "bwd_dh_ws" if arch == "sm90" else "bwd_dh"  # the default reverse pass
+        assert calls["bwd_h"][0][4] == calls[dh][0][4] == bv
 
 
 def test_value_tile_follows_the_grid():

@@ -169,7 +169,7 @@ def test_bwd_dh_ws_matches_pipelined(case, bv, monkeypatch):
 
     kernels = backward._kernels(h_qk, h_v, "bfloat16", "sm90", bv)
     run = {"bwd_prepare": kernels["bwd_prepare"], "bwd_h": kernels["bwd_h"], "bwd_dh": both,
-           "bwd_state": lambda *a: None, "bwd_intra": lambda *a: None}
+           "bwd_chunk": lambda *a: None}
     backward._bwd_impl(
         backward._check_inputs(inp["q"], inp["k"], inp["v"], g_cumsum, inp["beta"], A, do, inp["dht"], None,
                                inp["initial_state"], inp["cu_seqlens"], False, C),

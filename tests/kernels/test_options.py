@@ -30,7 +30,7 @@ def _clean_env(monkeypatch):
 
 def test_defaults_are_the_default_kernels():
     o = KernelOptions()
-    assert o.as_dict() == {"cp": "off", "fwd_kernel": "auto", "kkt": "default", "bwd_dh": "auto"}
+    assert o.as_dict() == {"cp": "off", "fwd_kernel": "auto", "kkt": "default", "bwd_dh": "auto", "bwd_cp": "auto"}
     assert o.changed() == {} and o.label() == ""
     assert KernelOptions.from_env({}) == o
     assert KernelOptions.from_dict(None) == o and KernelOptions.from_dict({}) == o
@@ -87,7 +87,8 @@ def test_roles_take_explicit_choices(monkeypatch):
     assert forward.recurrence_role(1, 132, "sm100", "auto") == "chunk_fwd_pipelined"
     assert forward.recurrence_role(1, 132, "sm90", "simple") == "chunk_fwd"
     assert backward._dh_role("sm90", "ws") == "bwd_dh_ws"
-    assert backward._dh_role("sm90", "auto") == backward._dh_role("sm90", "pipelined") == "bwd_dh"
+    assert backward._dh_role("sm90", "auto") == "bwd_dh_ws"  # sm90's default reverse pass
+    assert backward._dh_role("sm90", "pipelined") == backward._dh_role("sm100", "auto") == "bwd_dh"
     for call in (lambda: forward.kkt_role("sm90", 4, "x"), lambda: forward.recurrence_role(1, 132, "sm90", "x"),
                  lambda: backward._dh_role("sm90", "x")):
         with pytest.raises(ValueError, match="'x'"):
@@ -187,7 +188,7 @@ def _low_level_step(log):
 def test_default_options_launch_what_the_switches_launched(launches):
     default = _step(launches)
     assert _roles(default) == ["chunk_local_cumsum", "kkt_solve", "chunk_fwd_ws", "bwd_prepare", "bwd_h",
-                               "bwd_dh", "bwd_state", "bwd_intra"]
+                               "bwd_dh_ws", "bwd_chunk"]
     assert _step(launches, options=KernelOptions()) == default
     assert _low_level_step(launches) == default
 
@@ -196,7 +197,7 @@ def test_default_options_launch_what_the_switches_launched(launches):
     ("fwd_kernel", "pipelined", "pipelined"),
     ("fwd_kernel", "simple", "simple"),
     ("kkt", "grouped", "grouped"),
-    ("bwd_dh", "ws", "ws"),
+    ("bwd_dh", "pipelined", "pipelined"),
 ])
 def test_an_option_launches_what_its_switch_launches(launches, monkeypatch, field, value, env_value):
     by_option = _step(launches, options=KernelOptions().replace(**{field: value}))
@@ -208,7 +209,7 @@ def test_an_option_launches_what_its_switch_launches(launches, monkeypatch, fiel
     assert _step(launches, options=KernelOptions().replace(**{field: value})) == by_option
     compiled = {entry[2] for entry in by_option if entry[0] == "compile"}
     assert {"fwd_kernel": {"pipelined": "chunk_fwd_pipelined", "simple": "chunk_fwd"}, "kkt": {"grouped":
-            "kkt_solve_grouped"}, "bwd_dh": {"ws": "bwd_dh_ws"}}[field][value] in compiled
+            "kkt_solve_grouped"}, "bwd_dh": {"pipelined": "bwd_dh"}}[field][value] in compiled
 
 
 def test_cp_option_routes_forward_and_backward(monkeypatch):
@@ -237,6 +238,7 @@ def test_cp_option_routes_forward_and_backward(monkeypatch):
     got = []
     monkeypatch.setattr(backward, "chunk_gated_delta_rule_bwd", lambda *a, **kw: got.append(kw) or grads)
     monkeypatch.setattr(backward_cp, "chunk_gated_delta_rule_bwd_cp", lambda *a, **kw: got.append(kw) or grads)
+    monkeypatch.setattr(api, "bwd_cp_plan", lambda q, v, cu, options: got.append({"planned": options}) and None)
 
     class Ctx:
         saved_tensors = (None,) * 4 + (torch.zeros(1), None, None, None)
@@ -244,7 +246,7 @@ def test_cp_option_routes_forward_and_backward(monkeypatch):
 
     out = api.ChunkGatedDeltaRuleFunction.backward(Ctx(), torch.zeros(1), None)
     assert len(out) == 11 and out[-1] is None  # one gradient slot per forward input, options included
-    assert got[0]["options"] is on
+    assert got[0]["planned"] is on and got[1]["options"] is on
 
 
 def test_public_api_rejects_other_option_types():

@@ -1,7 +1,8 @@
 """bwd_intra for sm100 / sm103: the per-chunk C x C gradients and the final dq, dk, dbeta, dg, with the
-seven products per chunk as tcgen05 MMAs into tensor memory. Same signature, inputs and outputs as
-hopper/bwd_intra.py (see its header for the derivation), ``out_dtype`` of dq, dk included (float32 or
-the inputs' dtype; fp32 accumulation either way).
+seven products per chunk as tcgen05 MMAs into tensor memory. Its math is the second half of
+hopper/bwd_chunk.py (see its header), step for step ``emulate_bwd._emu_intra``; dq, dk per v-head in
+``out_dtype`` (float32, summed over GQA groups on the host, or the inputs' dtype; fp32 accumulation
+either way).
 
 Formula per chunk (inputs dAg, dPg, dq0, dk0, dgam0 from bwd_state; A = gate-free A_k;
 Gam[i, j] = exp(gam_i - gam_j) for j <= i else 0):
@@ -36,7 +37,7 @@ mma.sync and no wgmma; SASS (cuobjdump -sass, hk1_hv2 bf16):
 Checked on every CI run by tests/kernels/test_aot_blackwell.py (source; SASS where cuobjdump is
 installed). Shared memory per block as compiled: 91,136 B.
 The loads and elementwise steps that do not depend on how products are issued are TileLang macros
-in common/bwd_intra.py, shared with hopper/bwd_intra.py.
+in common/bwd_intra.py, shared with hopper/bwd_chunk.py.
 """
 
 import functools

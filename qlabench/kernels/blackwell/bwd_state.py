@@ -1,6 +1,7 @@
 """bwd_state for sm100 / sm103: per-chunk gradients that need the states and the full V reduction, with
-the seven products per chunk as tcgen05 MMAs into tensor memory; one block per (chunk, v-head). Same
-signature, inputs and outputs as hopper/bwd_state.py (see its header for the derivation).
+the seven products per chunk as tcgen05 MMAs into tensor memory; one block per (chunk, v-head). Its
+math is the first half of hopper/bwd_chunk.py (which fuses it with bwd_intra; see its header), step
+for step ``emulate_bwd._emu_state``; it writes dAg, dPg, dq0, dk0 and dgam0 for bwd_intra.
 
 Formula per chunk (S0 = h[c], dS = dh[c], dV' and dv from bwd_dh, Ag = Gam .* A .* beta_col,
 e = exp(gam), r = exp(gam_C - gam)):
@@ -30,7 +31,7 @@ mma.sync and no wgmma; SASS (cuobjdump -sass, hk1_hv2 bf16):
 Checked on every CI run by tests/kernels/test_aot_blackwell.py (source; SASS where cuobjdump is
 installed). Shared memory per block as compiled: 164,864 B.
 The loads and elementwise steps that do not depend on how products are issued are TileLang macros
-in common/bwd_state.py, shared with hopper/bwd_state.py.
+in common/bwd_state.py, shared with hopper/bwd_chunk.py.
 """
 
 import functools

@@ -1,8 +1,8 @@
 """The elementwise and row-sum steps of bwd_intra that do not depend on how products are issued
-(TileLang macros used by hopper/bwd_intra.py and blackwell/bwd_intra.py; the formulas are in the
-Hopper file's header). Parameter names match the kernels' own names on purpose: TileLang names a
-buffer or variable passed to a macro after the parameter, so equal names keep the generated CUDA
-of both kernels exactly as it was before these steps moved here.
+(TileLang macros used by hopper/bwd_chunk.py and blackwell/bwd_intra.py; the formulas are in
+hopper/bwd_chunk.py's header). Parameter names match the kernels' own names on purpose: TileLang
+names a buffer or variable passed to a macro after the parameter, so equal names keep the generated
+CUDA readable.
 
 The kernels' block indices (``c`` = chunk, ``hv`` = v-head, from ``T.Kernel(...) as (c, hv)``) are
 TIR variables named ``bx`` and ``by``; the macros take them under those names (``bx``, ``by``) so that

@@ -1,8 +1,8 @@
 """The loads, elementwise and reduction steps of bwd_state that do not depend on how products are
-issued (TileLang macros used by hopper/bwd_state.py and blackwell/bwd_state.py; the formulas are in
-the Hopper file's header). Parameter names match the kernels' own names on purpose: TileLang names
-a buffer or variable passed to a macro after the parameter, so equal names keep the generated CUDA
-of both kernels exactly as it was before these steps moved here.
+issued (TileLang macros used by hopper/bwd_chunk.py and blackwell/bwd_state.py; the formulas are in
+hopper/bwd_chunk.py's header). Parameter names match the kernels' own names on purpose: TileLang
+names a buffer or variable passed to a macro after the parameter, so equal names keep the generated
+CUDA readable.
 
 The kernels' block indices (``c`` = chunk, ``hv`` = v-head, from ``T.Kernel(...) as (c, hv)``) are
 TIR variables named ``bx`` and ``by``; the macros take them under those names (``bx``, ``by``) so that
@@ -72,13 +72,10 @@ def kt1_terms(K_s, acc_b, gam_s, gam_last: T.Ref, prod_f, red_f, kt1_s, C: int, 
 
 
 @T.macro
-def store_dgam0(S0_s, dS_s, ss_s, kt1_s, dgu_s, gam_last: T.Ref, row_sum: T.Ref, ss: T.Ref, kt1_sum: T.Ref, dgam0_out,
-                tx, t0, end, by, C: int, K: int, V: int):
-    """dgam0 = e-term - r-terms, plus exp(gam_last) sum(dS .* S0) + sum(r-terms) on the chunk's last
-    real row L. On row L the r-term cancels exactly (-kt1_L + kt1_L), so it is never formed: row L gets
-    exp(gam_last) sum(dS .* S0) + sum_{i < L} kt1_i. Adding and subtracting kt1_L (O(1-10) where
-    dS = dht) left its fp32 rounding in a dg whose true norm can be 1e-5 under strong decay.
-    sum(dS .* S0): thread i < K sums row i, then every thread adds the K row sums."""
+def _gam_last_sums(S0_s, dS_s, ss_s, kt1_s, row_sum: T.Ref, ss: T.Ref, kt1_sum: T.Ref, tx, t0, end, C: int, K: int,
+                   V: int):
+    """ss = sum(dS .* S0) (thread i < K sums row i, then every thread adds the K row sums) and
+    kt1_sum = sum of the r-terms of the chunk's rows before its last real row."""
     if tx < K:
         row_sum = 0.0
         for j in T.serial(V):
@@ -91,7 +88,40 @@ def store_dgam0(S0_s, dS_s, ss_s, kt1_s, dgu_s, gam_last: T.Ref, row_sum: T.Ref,
     kt1_sum = 0.0
     for i in T.serial(C):
         kt1_sum = kt1_sum + T.if_then_else(t0 + i < end - 1, kt1_s[i], 0.0)
+
+
+@T.macro
+def store_dgam0(S0_s, dS_s, ss_s, kt1_s, dgu_s, gam_last: T.Ref, row_sum: T.Ref, ss: T.Ref, kt1_sum: T.Ref, dgam0_out,
+                tx, t0, end, by, C: int, K: int, V: int):
+    """dgam0 = e-term - r-terms, plus exp(gam_last) sum(dS .* S0) + sum(r-terms) on the chunk's last
+    real row L. On row L the r-term cancels exactly (-kt1_L + kt1_L), so it is never formed: row L gets
+    exp(gam_last) sum(dS .* S0) + sum_{i < L} kt1_i. Adding and subtracting kt1_L (O(1-10) where
+    dS = dht) left its fp32 rounding in a dg whose true norm can be 1e-5 under strong decay."""
+    _gam_last_sums(S0_s, dS_s, ss_s, kt1_s, row_sum, ss, kt1_sum, tx, t0, end, C, K, V)
     for i in T.Parallel(C):
         if t0 + i < end:
             dgam0_out[t0 + i, by] = dgu_s[i] + T.if_then_else(
                 t0 + i == end - 1, T.exp(gam_last) * ss + kt1_sum, -kt1_s[i])
+
+
+@T.macro
+def dgam0_rows(S0_s, dS_s, kt1_s, dgu_s, gam_last: T.Ref, prod_f, red_f, tmp_f, sv_s, dgam_s, t0, end, C: int, K: int,
+               V: int):
+    """store_dgam0's rows into the shared vector ``dgam_s`` (C,) instead of HBM, zero past the chunk's
+    end (hopper/bwd_chunk.py keeps dgam0 on chip), with every sum a tree reduction over all threads:
+    sum(dS .* S0) as one C x V reduction of row pairs (i, C + i) (K == 2 C; row sums into ``sv_s``
+    (C,): no loop, so the reductions' workspace can never be merged over a live partial), then one C x C
+    reduction whose every row is exp(gam_last) sum(sv) + sum_{i < L} kt1_i (the last real row's
+    term), instead of store_dgam0's per-thread serial loops (K + K + C dependent shared loads)."""
+    for i, j in T.Parallel(C, V):  # rows i and C + i of S0 .* dS (K == 2 C), summed by row into sv_s
+        prod_f[i, j] = (T.cast(S0_s[i, j], "float32") * T.cast(dS_s[i, j], "float32")
+                        + T.cast(S0_s[C + i, j], "float32") * T.cast(dS_s[C + i, j], "float32"))
+    T.reduce_sum(prod_f, red_f, dim=1)
+    for i in T.Parallel(C):
+        sv_s[i] = red_f[i]
+    for i, j in T.Parallel(C, C):
+        tmp_f[i, j] = T.exp(gam_last) * sv_s[j] + T.if_then_else(t0 + j < end - 1, kt1_s[j], 0.0)
+    T.reduce_sum(tmp_f, red_f, dim=1)
+    for i in T.Parallel(C):
+        dgam_s[i] = T.if_then_else(t0 + i < end, dgu_s[i] + T.if_then_else(t0 + i == end - 1, red_f[i], -kt1_s[i]),
+                                   0.0)

@@ -2,6 +2,6 @@
 
 Forward: kkt_solve (kkt_solve_grouped: the GQA variant, KernelOptions.kkt), the chunk recurrences
 chunk_fwd_ws (default on sm90), chunk_fwd_pipelined and chunk_fwd (KernelOptions.fwd_kernel).
-Backward: bwd_prepare, bwd_h_ws, bwd_dh_pipelined (bwd_dh_ws: KernelOptions.bwd_dh), bwd_state,
-bwd_intra; bwd_common holds their shared compile call.
+Backward: bwd_prepare, bwd_h_ws, bwd_dh_pipelined (bwd_dh_ws: KernelOptions.bwd_dh), bwd_chunk (every
+per-chunk gradient in one kernel); bwd_common holds their shared compile call.
 """

@@ -1,6 +1,7 @@
 """bwd_dh_ws: the backward's reverse state-gradient recurrence, manually warp-specialized (Hopper, sm_90a).
 
-Opt-in, sm90 only: KernelOptions.bwd_dh = "ws" (QLABENCH_BWD_DH=ws; backward._dh_role).
+sm90's default reverse pass (KernelOptions.bwd_dh = "auto" or "ws"; "pipelined" takes bwd_dh_pipelined.py;
+backward._dh_role).
 tests/kernels/test_bwd_dh_ws_compile.py is its GPU A/B against bwd_dh_pipelined (dh, dV', dv, dh0);
 its H200 runs, timings and why it is not the default are in results/h200/NOTES.md.
 

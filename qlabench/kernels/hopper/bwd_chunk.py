@@ -1,0 +1,216 @@
+"""bwd_chunk: every per-chunk gradient of the backward in one block per (chunk, qk-head), on chip.
+
+Formula per chunk and v-head (S0 = h[c] state at the chunk start, dS = dh[c] gradient of the state
+at the chunk end, dV' and dv from bwd_dh, A = gate-free A_k, gam = in-chunk cumsum of the log-gate
+(last real value repeated), e = exp(gam), r = exp(gam_C - gam), Gam[i, j] = exp(gam_i - gam_j) for
+j <= i else 0, Ag = Gam .* A .* beta_col):
+
+    U   = K S0;   dU = -diag(e) dv;   W = V - diag(e) U;   V' = Ag W
+    dAb = Gam .* (dV' W^T);   Y = dAb .* A;   dA = dAb .* beta_col
+    dPg = dO V'^T;   P = Q K^T;   dP = scale Gam .* dPg
+    X   = Y .* beta_col + scale Gam .* P .* dPg                (fp32, through the transpose)
+    dq  = scale diag(e) dO S0^T + dP K
+    T1  = V' dS^T;   dL = -strict_lower(A^T dA A^T);   dM = diag(beta) dL;   dAs = dM + dM^T
+    dk  = diag(r) T1 + dU S0^T + dP^T Q + dAs K
+    dbeta_t = colsum(Y)_t + rowsum(dL .* K K^T)_t
+    dgam_i  = rowdot(dU, U)_i - r_i rowdot(K, T1)_i + rowdot(Q, dq0)_i + rowsum(X)_i - colsum(X)_i
+              with dq0 = scale diag(e) dO S0^T, and on the last real row L the gam_C terms
+              exp(gam_C) sum(dS .* S0) + sum_{i < L} r_i rowdot(K, T1)_i (row L's own r-term
+              cancels exactly and is never formed; folding onto row L is exact because dg is a
+              reverse in-chunk cumsum)
+    dg_t    = sum_{s >= t in the chunk} dgam_s                 (the raw gate's gradient)
+dq and dk of a qk-head are the sums of the above over its GQA group of v-heads.
+
+This is bwd_state followed by bwd_intra (their math is ``emulate_bwd._emu_state`` then
+``_emu_intra``; sm100 still runs them as two kernels, blackwell/bwd_state.py and bwd_intra.py) with
+the intermediates dAg, dPg, dq0, dk0, dgam0 kept in registers and shared memory instead of an fp32
+write and re-read through HBM, and the GQA group sum of dq, dk done in registers: each block loops
+over its qk-head's v-heads, accumulating dq, dk in fp32 fragments, and stores them once in the
+inputs' dtype (no per-v-head fp32 buffers, no host reduction or cast).
+The mask term rowsum(X) - colsum(X) is a cancellation under strong decay, so X stays fp32 and is
+differenced element by element (X_ij - X_ji) before the row sum; column sums are row sums of the
+transposed shared tile (every reduction is along the last dimension); sum(dS .* S0) and the last
+row's term are tree reductions over all threads (common/bwd_state.dgam0_rows).
+
+Grid: (NCmax chunks, H_qk); blocks of the chunk table's unused rows (start == end) do nothing; each
+block walks the group's H_v / H_qk v-heads in order.
+Threads: 256, two warpgroups, no specialisation: every GEMM has M = 64 and the warp policy splits N.
+GEMMs per chunk and v-head (wgmma, shared-memory operands, fp32 accumulate), in order: K S0, Ag W
+(64x128x128, 64x128x64), dV' W^T, dO V'^T, Q K^T (64x64x128), dO S0^T (64x128x128), dP K
+(64x128x64), V' dS^T, dU S0^T (64x128x128), A^T dA, T1 A^T (64x64x64), K K^T (64x64x128), dP^T Q,
+dAs K (64x128x64).
+Shared memory (bf16 unless said): Q, K, V (then W), dO, dV', dv (then dU), V' 7 x 16 KB; S0, dS
+2 x 32 KB; A, Ag (then dA), dP, T1, dAs 5 x 8 KB; F (fp32 C x C: Y, then X, then dM) 16 KB; C / K
+vectors fp32 ~3 KB: 242 KB if every buffer lived through the v-head loop; compiled with TileLang's
+liveness-based aggressive merge, which overlaps the dead ones: 193 KB of the 227 KB (one block per
+SM). Registers: 224 per thread, no spills (ptxas, sm_90a).
+scale is a runtime argument (one compiled kernel serves every scale).
+"""
+
+import functools
+
+import tilelang.language as T
+
+from ..common.bwd_intra import store_dg_dbeta, wy_inverse_grad
+from ..common.bwd_state import dgam0_rows, kt1_terms, load_chunk, w_and_du
+import tilelang
+
+from ..common.build import compile_for
+
+
+@functools.cache
+def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, arch: str):
+    assert K == V == 2 * C, "prod_f serves C x V and C x K row dots; S0 .* dS is summed as two C-row blocks"
+    group = h_v // h_qk
+    n_tok = T.dynamic("n_tok")
+    n_chunks = T.dynamic("n_chunks")
+    n_hc = T.dynamic("n_hc")
+
+    @T.prim_func
+    def bwd_chunk(
+        q: T.Tensor((n_tok, h_qk, K), dtype),
+        k: T.Tensor((n_tok, h_qk, K), dtype),
+        v: T.Tensor((n_tok, h_v, V), dtype),
+        do: T.Tensor((n_tok, h_v, V), dtype),
+        dvp: T.Tensor((n_tok, h_v, V), dtype),
+        dv: T.Tensor((n_tok, h_v, V), dtype),
+        g_cumsum: T.Tensor((n_tok, h_v), "float32"),
+        beta: T.Tensor((n_tok, h_v), "float32"),
+        A: T.Tensor((n_tok, h_v, C), dtype),
+        h: T.Tensor((n_hc, h_v, K, V), dtype),
+        dh: T.Tensor((n_hc, h_v, K, V), dtype),
+        chunk_bounds: T.Tensor((n_chunks, 2), "int32"),
+        dq_out: T.Tensor((n_tok, h_qk, K), dtype),
+        dk_out: T.Tensor((n_tok, h_qk, K), dtype),
+        dbeta_out: T.Tensor((n_tok, h_v), "float32"),
+        dg_out: T.Tensor((n_tok, h_v), "float32"),
+        scale: T.float32,
+    ):
+        with T.Kernel(n_chunks, h_qk, threads=256) as (c, hk):
+            Q_s = T.alloc_shared((C, K), dtype)
+            K_s = T.alloc_shared((C, K), dtype)
+            V_s = T.alloc_shared((C, V), dtype)  # V, then W = V - diag(e) U
+            dO_s = T.alloc_shared((C, V), dtype)
+            dVp_s = T.alloc_shared((C, V), dtype)
+            dv_s = T.alloc_shared((C, V), dtype)  # dv, then dU = -diag(e) dv
+            Vp_s = T.alloc_shared((C, V), dtype)
+            S0_s = T.alloc_shared((K, V), dtype)
+            dS_s = T.alloc_shared((K, V), dtype)
+            A_s = T.alloc_shared((C, C), dtype)
+            Ag_s = T.alloc_shared((C, C), dtype)  # Ag, then dA = dAb .* beta_col
+            dP_s = T.alloc_shared((C, C), dtype)
+            T1_s = T.alloc_shared((C, C), dtype)
+            dAs_s = T.alloc_shared((C, C), dtype)
+            F_s = T.alloc_shared((C, C), "float32")  # Y, then X, then dM
+            gam_s = T.alloc_shared((C,), "float32")
+            beta_s = T.alloc_shared((C,), "float32")
+            dgu_s = T.alloc_shared((C,), "float32")
+            kt1_s = T.alloc_shared((C,), "float32")
+            sv_s = T.alloc_shared((C,), "float32")
+            dgam_s = T.alloc_shared((C,), "float32")
+            dgq_s = T.alloc_shared((C,), "float32")
+            dgm_s = T.alloc_shared((C,), "float32")
+            dbc_s = T.alloc_shared((C,), "float32")
+            dbr_s = T.alloc_shared((C,), "float32")
+            acc_a = T.alloc_fragment((C, V), "float32")  # U, then V', then dq0
+            acc_b = T.alloc_fragment((C, K), "float32")  # T1, then dk0
+            dq_f = T.alloc_fragment((C, K), "float32")  # dq, dk summed over the group's v-heads
+            dk_f = T.alloc_fragment((C, K), "float32")
+            acc_cc = T.alloc_fragment((C, C), "float32")  # dAg, then dPg
+            P_f = T.alloc_fragment((C, C), "float32")  # Q K^T, then K K^T
+            T1_f = T.alloc_fragment((C, C), "float32")
+            T2_f = T.alloc_fragment((C, C), "float32")
+            tmp_f = T.alloc_fragment((C, C), "float32")
+            prod_f = T.alloc_fragment((C, V), "float32")
+            red_f = T.alloc_fragment((C,), "float32")
+            gam_last = T.alloc_var("float32")
+
+            t0 = chunk_bounds[c, 0]
+            end = chunk_bounds[c, 1]
+
+            if t0 < end:
+                for i, d in T.Parallel(C, K):
+                    Q_s[i, d] = T.if_then_else(t0 + i < end, q[t0 + i, hk, d], T.cast(0, dtype))
+                T.clear(dq_f)
+                T.clear(dk_f)
+                for g in T.serial(group):
+                    hv = hk * group + g
+                    load_chunk(k, v, do, dvp, dv, A, h, dh, g_cumsum, beta, K_s, V_s, dO_s, dVp_s, dv_s, A_s, S0_s,
+                               dS_s, gam_s, beta_s, Ag_s, gam_last, c, t0, end, hk, hv, C, K, V, dtype)
+
+                    # U = K S0; dgam's e-term; W and dU in place; V' = Ag W
+                    T.gemm(K_s, S0_s, acc_a, clear_accum=True)
+                    w_and_du(acc_a, dv_s, V_s, gam_s, prod_f, red_f, dgu_s, C, V, dtype)
+                    T.gemm(Ag_s, V_s, acc_a, clear_accum=True)
+                    T.copy(acc_a, Vp_s)
+
+                    # dAb = Gam .* dV' W^T: Y = dAb .* A into F, dA = dAb .* beta_col over Ag (dead)
+                    T.gemm(dVp_s, V_s, acc_cc, transpose_B=True, clear_accum=True)
+                    for i, j in T.Parallel(C, C):
+                        dab = T.if_then_else(j <= i and t0 + i < end, T.exp(gam_s[i] - gam_s[j]) * acc_cc[i, j], 0.0)
+                        F_s[i, j] = dab * A_s[i, j]
+                        Ag_s[i, j] = T.cast(dab * beta_s[j], dtype)
+                    for i, j in T.Parallel(C, C):  # dbeta's column term colsum(Y)
+                        tmp_f[i, j] = F_s[j, i]
+                    T.reduce_sum(tmp_f, red_f, dim=1)
+                    for i in T.Parallel(C):
+                        dbc_s[i] = red_f[i]
+
+                    # dPg = dO V'^T, P = Q K^T: X = Y .* beta_col + scale Gam .* P .* dPg, dP = scale Gam .* dPg
+                    T.gemm(dO_s, Vp_s, acc_cc, transpose_B=True, clear_accum=True)
+                    T.gemm(Q_s, K_s, P_f, transpose_B=True, clear_accum=True)
+                    for i, j in T.Parallel(C, C):
+                        sdec = T.if_then_else(j <= i and t0 + i < end, scale * T.exp(gam_s[i] - gam_s[j]), 0.0)
+                        F_s[i, j] = F_s[i, j] * beta_s[j] + sdec * P_f[i, j] * acc_cc[i, j]
+                        dP_s[i, j] = T.cast(sdec * acc_cc[i, j], dtype)
+                    for i, j in T.Parallel(C, C):  # dgam's mask term rowsum(X) - colsum(X)
+                        tmp_f[i, j] = F_s[i, j] - F_s[j, i]
+                    T.reduce_sum(tmp_f, red_f, dim=1)
+                    for i in T.Parallel(C):
+                        dgm_s[i] = red_f[i]
+
+                    # dq += scale diag(e) dO S0^T + dP K, with rowdot(Q, dq0) for dgam
+                    T.gemm(dO_s, S0_s, acc_a, transpose_B=True, clear_accum=True)
+                    for i, j in T.Parallel(C, K):
+                        acc_a[i, j] = scale * T.exp(gam_s[i]) * acc_a[i, j]
+                        prod_f[i, j] = Q_s[i, j] * acc_a[i, j]
+                        dq_f[i, j] = dq_f[i, j] + acc_a[i, j]
+                    T.reduce_sum(prod_f, red_f, dim=1)
+                    for i in T.Parallel(C):
+                        dgq_s[i] = red_f[i]
+                    T.gemm(dP_s, K_s, dq_f)
+
+                    # dk0 = diag(r) V' dS^T + dU S0^T and the r-terms of dgam; dgam0 into dgam_s
+                    T.gemm(Vp_s, dS_s, acc_b, transpose_B=True, clear_accum=True)
+                    kt1_terms(K_s, acc_b, gam_s, gam_last, prod_f, red_f, kt1_s, C, K)
+                    for i, j in T.Parallel(C, K):
+                        acc_b[i, j] = acc_b[i, j] * T.exp(gam_last - gam_s[i])
+                    T.gemm(dv_s, S0_s, acc_b, transpose_B=True)
+                    for i, j in T.Parallel(C, K):
+                        dk_f[i, j] = dk_f[i, j] + acc_b[i, j]
+                    dgam0_rows(S0_s, dS_s, kt1_s, dgu_s, gam_last, prod_f, red_f, tmp_f, sv_s, dgam_s, t0, end, C, K, V)
+
+                    # WY inverse: dL = -strict_lower(A^T dA A^T), dbeta's row term, dAs = dM + dM^T
+                    T.gemm(A_s, Ag_s, T1_f, transpose_A=True, clear_accum=True)
+                    T.copy(T1_f, T1_s)
+                    T.gemm(T1_s, A_s, T2_f, transpose_B=True, clear_accum=True)
+                    T.gemm(K_s, K_s, P_f, transpose_B=True, clear_accum=True)
+                    wy_inverse_grad(T2_f, P_f, beta_s, tmp_f, red_f, F_s, dbr_s, dAs_s, C, dtype)
+
+                    # dk += dP^T Q + dAs K
+                    T.gemm(dP_s, Q_s, dk_f, transpose_A=True)
+                    T.gemm(dAs_s, K_s, dk_f)
+
+                    # dg = reverse in-chunk cumsum of dgam; dbeta
+                    store_dg_dbeta(dgam_s, dgq_s, dgm_s, dbc_s, dbr_s, tmp_f, red_f, dg_out, dbeta_out, t0, end, hv,
+                                   C)
+                    T.sync_threads()
+
+                for i, j in T.Parallel(C, K):
+                    if t0 + i < end:
+                        dq_out[t0 + i, hk, j] = T.cast(dq_f[i, j], dtype)
+                        dk_out[t0 + i, hk, j] = T.cast(dk_f[i, j], dtype)
+
+    # the loop over the group's v-heads keeps every buffer live across iterations for the default
+    # merge (242 KB, over the 227 KB limit); the liveness-based aggressive merge reuses them (193 KB)
+    return compile_for(bwd_chunk, arch, {tilelang.PassConfigKey.TL_ENABLE_AGGRESSIVE_SHARED_MEMORY_MERGE: True})
