@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .options import KernelOptions
+from .options import KernelOptions, option_value
 from .validate import validate
 
 __all__ = ["KernelOptions", "chunk_gated_delta_rule", "kernels_available"]
@@ -33,9 +33,6 @@ def _l2norm(x: torch.Tensor) -> torch.Tensor:
     return (xf * torch.rsqrt((xf * xf).sum(-1, keepdim=True) + 1e-6)).to(x.dtype)
 
 
-CP_MODES = ("auto", "on", "off")
-
-
 def cp_mode(options: KernelOptions | None = None) -> str:
     """Intra-card CP switch of the forward and its backward: ``options.cp``, or without options
     QLABENCH_CP: off (the default), auto (the plan's enable rule, cp.py) or on (always plan pieces).
@@ -47,11 +44,7 @@ def cp_mode(options: KernelOptions | None = None) -> str:
     0.44 ms): its fallback heads still run whole pieces twice, and the correction adds ~0.2 ms of
     small launches.
     """
-    if options is not None:
-        return options.cp
-    from .dispatch import env_choice
-
-    return env_choice("QLABENCH_CP", CP_MODES, "off")
+    return option_value(options, "cp")
 
 
 def _forward(q, k, v, g, beta, *, scale, initial_state, cu_seqlens, output_final_state, output_h, state_v_first,
@@ -112,12 +105,11 @@ def bwd_cp_plan(q, v, cu_seqlens, options: KernelOptions | None = None):
     BWD_CP_MAX_CHAINS (sequence, v-head) chains and its longest sequence has at least BWD_CP_MIN_TOKENS
     tokens (the measured rule above), else None.
     """
-    if options is not None:
-        mode = options.bwd_cp
-    else:
-        from .dispatch import env_choice
-
-        mode = env_choice("QLABENCH_BWD_CP", CP_MODES, "auto")
+    mode = option_value(options, "bwd_cp")
+    B, T, H = v.shape[:3]
+    n_seqs = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    if mode == "auto" and (n_seqs * H > BWD_CP_MAX_CHAINS or T < BWD_CP_MIN_TOKENS):
+        return None  # decided from shapes alone: no plan, no host read in the common case
     plan = _cp_plan(q, v, cu_seqlens, mode=mode)
     if plan is None:
         return None
@@ -125,7 +117,7 @@ def bwd_cp_plan(q, v, cu_seqlens, options: KernelOptions | None = None):
         longest = {}
         for bos, eos, seq in plan.pieces:
             longest[seq] = longest.get(seq, 0) + (eos - bos)
-        if plan.n_seqs * v.shape[2] > BWD_CP_MAX_CHAINS or max(longest.values()) < BWD_CP_MIN_TOKENS:
+        if max(longest.values()) < BWD_CP_MIN_TOKENS:
             return None
     return plan
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import torch
 
-from .common.chunks import chunk_table
+from .common.chunks import chunk_table, f32_buffers
 from .dispatch import arch_by_name, arch_for_device, env_choice, has_kernel, kernel_factory, require_backward
 from .validate import validate
 
@@ -254,8 +254,7 @@ def chunk_grads(kernels, p, q2, k2, v2, do2, dvp, dv, g2, b2, A2, h, dh, bounds,
     flattened token axis) from the states h, dh and bwd_dh's dV', dv. sm90: one launch of bwd_chunk,
     which sums dq, dk over each GQA group in registers. sm100: bwd_state then bwd_intra through fp32
     intermediates, dq, dk per v-head (in q's dtype when H_v == H_qk, else fp32 summed here)."""
-    dev = q2.device
-    f32 = torch.float64 if q2.dtype == torch.float64 else torch.float32  # float64 with the float64 twins
+    dev, f32 = q2.device, f32_buffers(q2.dtype)
     BT, H, K, G = q2.shape[0], p.h_v, p.K, p.group
     dbeta = _alloc((BT, H), f32, dev)
     dg = _alloc((BT, H), f32, dev)
@@ -283,7 +282,7 @@ def _bwd_impl(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens,
               kernels):
     """Runs the kernels (``kernels`` maps names to callables with the compiled signatures)."""
     dev, dtype = q.device, q.dtype
-    BT, H, G = p.B * p.T, p.h_v, p.group
+    BT, H = p.B * p.T, p.h_v
     f32 = torch.float32
     q2 = q.reshape(BT, p.h_qk, p.K).contiguous()
     k2 = k.reshape(BT, p.h_qk, p.K).contiguous()
@@ -320,7 +319,7 @@ def _bwd_impl(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens,
     del h, dh, dvp
     if cu_seqlens is not None:  # dense inputs have no padding tail
         _zero_padding_tail(table, BT, (dq_v, dk_v, dv, dbeta, dg))
-    dq = dq_v.to(dtype).reshape(p.B, p.T, p.h_qk, p.K)  # no copy when G == 1
+    dq = dq_v.to(dtype).reshape(p.B, p.T, p.h_qk, p.K)  # no copy: chunk_grads returns q's dtype
     dk = dk_v.to(dtype).reshape(p.B, p.T, p.h_qk, p.K)
     dv = dv.reshape(p.B, p.T, H, p.V)
     dbeta = dbeta.to(beta.dtype).reshape(p.B, p.T, H)

@@ -87,7 +87,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .common.chunks import chunk_table
+from .common.chunks import chunk_table, f32_buffers
 from .cp import CPPlan, plan_cp
 from .forward_cp import ForwardKernels, check_cp_arguments, piece_initial_states
 
@@ -105,11 +105,6 @@ class BackwardCPKernels:
 
     bwd: dict
     fwd: ForwardKernels | None = None
-
-
-def _f32(dtype) -> torch.dtype:
-    """Dtype of the kernels' float32 buffers: float32, or float64 with the float64 twins."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def chunk_gated_delta_rule_bwd_cp(
@@ -179,8 +174,8 @@ def _bwd_cp(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, s
     C = arch.chunk_size
     check_cp_arguments(p, plan, decay_threshold, transition, C)
     dev, dtype = q.device, q.dtype
-    BT, H, G, K, V = p.B * p.T, p.h_v, p.group, p.K, p.V
-    f32 = _f32(dtype)
+    BT, H, K, V = p.B * p.T, p.h_v, p.K, p.V
+    f32 = f32_buffers(dtype)
     P = plan.n_pieces
     state_shape = (H, V, K) if state_v_first else (H, K, V)
     if h0_pieces is not None:

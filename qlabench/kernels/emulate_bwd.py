@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import torch
 
+from .common.chunks import f32_buffers
 from .validate import validate
 
 __all__ = ["KERNEL_TWINS", "SM100_CHUNK_TWINS", "emulate_chunk_gated_delta_rule_bwd"]
@@ -377,7 +378,7 @@ def twin_bwd_chunk(q, k, v, do, dvp, dv, g_cumsum, beta, A, h, dh, chunk_bounds,
     over each GQA group in fp32 and stored once in ``dq_out``'s dtype (`[T, H_qk, K]`)."""
     T, H, C, K = v.shape[0], v.shape[1], A.shape[-1], k.shape[-1]
     G = H // q.shape[1]
-    f32 = F64 if q.dtype == F64 else torch.float32  # the kernel's fp32 registers (float64 twins: float64)
+    f32 = f32_buffers(q.dtype)  # the kernel's fp32 registers (float64 in pure float64 runs)
     dAg, dPg = torch.zeros(T, H, C, dtype=f32), torch.zeros(T, H, C, dtype=f32)
     dq0, dk0, dgam0 = torch.zeros(T, H, K, dtype=f32), torch.zeros(T, H, K, dtype=f32), torch.zeros(T, H, dtype=f32)
     dq_v, dk_v = torch.zeros(T, H, K, dtype=f32), torch.zeros(T, H, K, dtype=f32)

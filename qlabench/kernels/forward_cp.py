@@ -73,7 +73,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .common.chunks import chunk_table
+from .common.chunks import chunk_table, f32_buffers
 from .common.cumsum import chunk_local_cumsum
 from .cp import CPPlan, plan_cp
 from .dispatch import arch_for_device, kernel_factory
@@ -170,7 +170,7 @@ def _fwd_cp(q, k, v, g, beta, p, initial_state, cu_seqlens, output_final_state, 
     dev = q.device
     BT = p.B * p.T
     H, K, V = p.h_v, p.K, p.V
-    sdt = torch.float64 if q.dtype == torch.float64 else torch.float32  # fp32 (fp64 with the twins)
+    sdt = f32_buffers(q.dtype)
     q2 = q.reshape(BT, p.h_qk, K).contiguous()
     k2 = k.reshape(BT, p.h_qk, K).contiguous()
     v2 = v.reshape(BT, H, V).contiguous()

@@ -77,10 +77,7 @@ class KernelOptions:
     def from_env(cls, environ=None) -> KernelOptions:
         """The QLABENCH_* switches (unset: the default); a bad value raises ValueError naming the
         variable and the value (the message dispatch.env_choice gives)."""
-        from .dispatch import env_choice
-
-        return cls(**{name: env_choice(var, CHOICES[name], DEFAULTS[name], environ)
-                      for name, var in ENV_VARS.items()})
+        return cls(**{name: option_value(None, name, environ) for name in ENV_VARS})
 
     @classmethod
     def from_dict(cls, d: dict | None) -> KernelOptions:
@@ -110,6 +107,16 @@ class KernelOptions:
 
 
 DEFAULTS: dict[str, str] = {f.name: f.default for f in fields(KernelOptions)}
+
+
+def option_value(options: KernelOptions | None, name: str, environ=None) -> str:
+    """Field ``name`` of ``options``, or without options its QLABENCH_* switch read now (unset: the
+    default; a bad value: dispatch.env_choice's ValueError naming the variable)."""
+    if options is not None:
+        return getattr(options, name)
+    from .dispatch import env_choice
+
+    return env_choice(ENV_VARS[name], CHOICES[name], DEFAULTS[name], environ)
 
 
 def parse_options(spec: str, base: KernelOptions | None = None) -> KernelOptions:

@@ -25,8 +25,15 @@ from matplotlib.ticker import FuncFormatter
 
 from qlabench.report.accuracy import PhaseAccuracy
 
-DPI = 110
-_PHASE_WORD = {"fwd": "forward", "bwd": "backward", "fwdbwd": "forward+backward"}
+DPI = 110  # every report plot (plots.py saves through save_figure)
+PHASE_WORD = {"fwd": "forward", "bwd": "backward", "fwdbwd": "forward+backward"}
+
+
+def save_figure(fig, path: Path) -> Path:
+    """Writes ``fig`` to ``path`` at the reports' DPI and closes it."""
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
 _MARKERS = "os^Dv<>P"
 _STYLES = ("-", "--", ":", "-.")
 MAX_CASE_LABELS = 80  # more cases than this: label every k-th on the x axis
@@ -98,13 +105,11 @@ def plot_errors(gpu: str, sec: PhaseAccuracy, path: Path) -> Path | None:
     ax.set_xlabel("case (preset, pattern, [input recipe]) in run order"
                   + (f", every {step}th labelled" if step > 1 else ""))
     height = fig.get_figheight()
-    fig.suptitle(f"{gpu}: {_PHASE_WORD[sec.phase]} error against the float64 reference per case "
+    fig.suptitle(f"{gpu}: {PHASE_WORD[sec.phase]} error against the float64 reference per case "
                  f"(relative L2, log scale; lower is better)", fontsize=11, y=1 - 0.15 / height)
     _legend(fig, backends, sec.tolerance, colours, 1 - 0.45 / height)
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.75 / height))
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_drift(gpu: str, sec: PhaseAccuracy, path: Path) -> Path | None:
@@ -141,12 +146,10 @@ def plot_drift(gpu: str, sec: PhaseAccuracy, path: Path) -> Path | None:
         ax.set_title(tensor, fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=6.5, loc="upper left")
-    fig.suptitle(f"{gpu}: {_PHASE_WORD[sec.phase]} error drift with sequence length (lower is better)",
+    fig.suptitle(f"{gpu}: {PHASE_WORD[sec.phase]} error drift with sequence length (lower is better)",
                  fontsize=11)
     fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def write_accuracy_plots(gpu: str, sections: list[PhaseAccuracy],

@@ -26,11 +26,8 @@ import numpy as np
 from matplotlib.colors import TwoSlopeNorm
 from matplotlib.ticker import FuncFormatter
 
-from qlabench.report.accuracy_plots import write_accuracy_plots
+from qlabench.report.accuracy_plots import PHASE_WORD, save_figure, write_accuracy_plots
 from qlabench.report.tables import PHASE_TITLE, PhaseTable, Report
-
-DPI = 110
-_PHASE_WORD = {"fwd": "forward", "bwd": "backward", "fwdbwd": "forward+backward"}
 
 
 def _gpu(report: Report) -> str:
@@ -49,11 +46,7 @@ def _panels(n: int, width: float, height: float):
 def plot_speedup_bars(report: Report, table: PhaseTable, path: Path) -> Path | None:
     """Grouped bars: subject speedup over each peer, per pattern, one panel per preset."""
     fig = speedup_figure(report, table)
-    if fig is None:
-        return None
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return path
+    return None if fig is None else save_figure(fig, path)
 
 
 def speedup_figure(report: Report, table: PhaseTable):
@@ -104,7 +97,7 @@ def speedup_figure(report: Report, table: PhaseTable):
         ax.set_ylim(0, max(1.2, ax.get_ylim()[1] * 1.12))  # room for the value labels over the bars
     height = fig.get_figheight()  # inches; the band above the panels: two title lines, one legend row
     fig.suptitle(
-        f"{_gpu(report)}: {_PHASE_WORD[table.phase]} speedup of {table.subject}\n"
+        f"{_gpu(report)}: {PHASE_WORD[table.phase]} speedup of {table.subject}\n"
         f"(peer median time / {table.subject} median time)",
         fontsize=11, y=1 - 0.06 / height, va="top",
     )
@@ -118,11 +111,7 @@ def speedup_figure(report: Report, table: PhaseTable):
 def plot_latency(report: Report, table: PhaseTable, path: Path) -> Path | None:
     """Median latency vs total tokens per backend (log-log), single-sequence patterns only."""
     fig = latency_figure(report, table)
-    if fig is None:
-        return None
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return path
+    return None if fig is None else save_figure(fig, path)
 
 
 def latency_figure(report: Report, table: PhaseTable):
@@ -157,7 +146,7 @@ def latency_figure(report: Report, table: PhaseTable):
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     height = fig.get_figheight()
-    fig.suptitle(f"{_gpu(report)}: {_PHASE_WORD[table.phase]} latency vs sequence length", fontsize=11,
+    fig.suptitle(f"{_gpu(report)}: {PHASE_WORD[table.phase]} latency vs sequence length", fontsize=11,
                  y=1 - 0.06 / height, va="top")
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.3 / height))
     return fig
@@ -215,12 +204,10 @@ def plot_heatmap(report: Report, table: PhaseTable, peer: str, path: Path) -> Pa
         cbar.set_ticks(ticks, labels=[f"{2.0**t:.2f}x" for t in ticks])
     cbar.set_label(f"speedup of {table.subject} over {peer} (x)")
     ax.set_title(
-        f"{_gpu(report)}: {_PHASE_WORD[table.phase]} speedup, {table.subject} vs {peer}", fontsize=10
+        f"{_gpu(report)}: {PHASE_WORD[table.phase]} speedup, {table.subject} vs {peer}", fontsize=10
     )
     fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def safe_name(text: str) -> str:

@@ -72,10 +72,13 @@ def kt1_terms(K_s, acc_b, gam_s, gam_last: T.Ref, prod_f, red_f, kt1_s, C: int, 
 
 
 @T.macro
-def _gam_last_sums(S0_s, dS_s, ss_s, kt1_s, row_sum: T.Ref, ss: T.Ref, kt1_sum: T.Ref, tx, t0, end, C: int, K: int,
-                   V: int):
-    """ss = sum(dS .* S0) (thread i < K sums row i, then every thread adds the K row sums) and
-    kt1_sum = sum of the r-terms of the chunk's rows before its last real row."""
+def store_dgam0(S0_s, dS_s, ss_s, kt1_s, dgu_s, gam_last: T.Ref, row_sum: T.Ref, ss: T.Ref, kt1_sum: T.Ref, dgam0_out,
+                tx, t0, end, by, C: int, K: int, V: int):
+    """dgam0 = e-term - r-terms, plus exp(gam_last) sum(dS .* S0) + sum(r-terms) on the chunk's last
+    real row L. On row L the r-term cancels exactly (-kt1_L + kt1_L), so it is never formed: row L gets
+    exp(gam_last) sum(dS .* S0) + sum_{i < L} kt1_i. Adding and subtracting kt1_L (O(1-10) where
+    dS = dht) left its fp32 rounding in a dg whose true norm can be 1e-5 under strong decay.
+    sum(dS .* S0): thread i < K sums row i, then every thread adds the K row sums."""
     if tx < K:
         row_sum = 0.0
         for j in T.serial(V):
@@ -88,16 +91,6 @@ def _gam_last_sums(S0_s, dS_s, ss_s, kt1_s, row_sum: T.Ref, ss: T.Ref, kt1_sum: 
     kt1_sum = 0.0
     for i in T.serial(C):
         kt1_sum = kt1_sum + T.if_then_else(t0 + i < end - 1, kt1_s[i], 0.0)
-
-
-@T.macro
-def store_dgam0(S0_s, dS_s, ss_s, kt1_s, dgu_s, gam_last: T.Ref, row_sum: T.Ref, ss: T.Ref, kt1_sum: T.Ref, dgam0_out,
-                tx, t0, end, by, C: int, K: int, V: int):
-    """dgam0 = e-term - r-terms, plus exp(gam_last) sum(dS .* S0) + sum(r-terms) on the chunk's last
-    real row L. On row L the r-term cancels exactly (-kt1_L + kt1_L), so it is never formed: row L gets
-    exp(gam_last) sum(dS .* S0) + sum_{i < L} kt1_i. Adding and subtracting kt1_L (O(1-10) where
-    dS = dht) left its fp32 rounding in a dg whose true norm can be 1e-5 under strong decay."""
-    _gam_last_sums(S0_s, dS_s, ss_s, kt1_s, row_sum, ss, kt1_sum, tx, t0, end, C, K, V)
     for i in T.Parallel(C):
         if t0 + i < end:
             dgam0_out[t0 + i, by] = dgu_s[i] + T.if_then_else(

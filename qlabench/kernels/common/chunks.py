@@ -25,6 +25,12 @@ _PINNED: set = set()
 MAX_TABLES = 64
 
 
+def f32_buffers(dtype) -> torch.dtype:
+    """Dtype of the orchestrations' fp32 buffers (states, per-chunk intermediates) for inputs of
+    ``dtype``: float32, or float64 when the float64 kernel twins run (emulate_fwd / emulate_bwd)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 def dense_cu_seqlens(B: int, T: int, device) -> torch.Tensor:
     """cu_seqlens of B dense sequences of T tokens in the flattened token axis: [0, T, ..., B*T]."""
     return torch.arange(0, (B + 1) * T, T, dtype=torch.int32, device=device)

@@ -49,13 +49,12 @@ scale is a runtime argument (one compiled kernel serves every scale).
 
 import functools
 
+import tilelang
 import tilelang.language as T
 
+from ..common.build import compile_for
 from ..common.bwd_intra import store_dg_dbeta, wy_inverse_grad
 from ..common.bwd_state import dgam0_rows, kt1_terms, load_chunk, w_and_du
-import tilelang
-
-from ..common.build import compile_for
 
 
 @functools.cache
