@@ -48,6 +48,7 @@ def cache_entries(root: Path) -> set[str]:
 def forward_kernels(h_qk: int, h_v: int, arch: str, dtype: str = "bfloat16",
                     state_layouts=(False, True)) -> list[tuple[str, str, object]]:
     """(name, config text, thunk) for every forward kernel of one head configuration."""
+    from .common.cp_correct import BV_CORRECT, cp_correct_kernel
     from .common.cumsum import chunk_local_cumsum_kernel
 
     a = arch_by_name(arch)
@@ -56,6 +57,9 @@ def forward_kernels(h_qk: int, h_v: int, arch: str, dtype: str = "bfloat16",
     jobs = [
         ("chunk_local_cumsum", f"H={h_v} C={C}", lambda: chunk_local_cumsum_kernel(h_v, C, False, a.name)),
         ("kkt_solve", f"hk{h_qk}_hv{h_v} {dtype}", lambda: kkt_solve_kernel(h_qk, h_v, HEAD_DIM, C, dtype, a.name)),
+        # the CP correction chain (forward and backward CP)
+        ("cp_correct", f"H={h_v} BV={BV_CORRECT}",
+         lambda: cp_correct_kernel(h_v, HEAD_DIM, HEAD_DIM, BV_CORRECT, a.name)),
     ]
     # the A/B recurrences and, where the arch has it, the warp-specialized one (sm90's default; the
     # backward's h recompute runs it too, key-first)

@@ -49,8 +49,8 @@ Launches:
       Transition pass: the same launch with dO = 0 and terminal gradient I (K == V) -> M^T (the
       identity trick of forward_cp.py, on the adjoint: with dO = 0 the reverse step is linear,
       dS_prev = M_c^T dS, so from dS = I it ends at M^T).
-      Chain over piece positions counted from the end, all long sequences at once:
-      n_slots - 2 batched matmuls (baddbmm) plus ~6 gathers.
+      Chain over piece positions counted from the end, all long sequences at once: one launch of
+      common/cp_correct.py (M^T read only where a piece enters the chain untruncated).
   (e) final reverse pass: bwd_dh over all pieces from the corrected terminal gradients: dh at every
       chunk end, dV', dv, and dh0 of each sequence = the start gradient of its first piece.
   (f) the per-chunk gradients (backward.chunk_grads: bwd_chunk on sm90) over the original chunks,
@@ -83,11 +83,13 @@ that enters the chain falls back (one host read of a flag; never during a CUDA-g
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from .common.chunks import chunk_table, f32_buffers
+from .common.cp_correct import cp_correct
 from .cp import CPPlan, plan_cp
 from .forward_cp import ForwardKernels, check_cp_arguments, piece_initial_states
 
@@ -99,11 +101,13 @@ class BackwardCPKernels:
     """The kernels the CP backward launches.
 
     bwd: {name: kernel} of backward.py's five kernels (or `emulate_bwd.KERNEL_TWINS`);
-    fwd: forward_cp's `ForwardKernels` (only ``recurrence`` is used: the S_in recompute), or None
+    correct: the correction chain (common/cp_correct.cp_correct, or emulate_fwd.twin_cp_correct);
+    fwd: forward_cp's `ForwardKernels` (``recurrence`` and ``correct``: the S_in recompute), or None
     when the piece initial states are always passed in.
     """
 
     bwd: dict
+    correct: Callable
     fwd: ForwardKernels | None = None
 
 
@@ -145,7 +149,7 @@ def chunk_gated_delta_rule_bwd_cp(
     bv = backward._value_tile(plan.n_pieces * p.h_v, sms, arch.name)
     bwd_dh, fwd_kernel = (None, None) if options is None else (options.bwd_dh, options.fwd_kernel)
     kernels = BackwardCPKernels(backward._kernels(p.h_qk, p.h_v, backward._DTYPE_NAMES[q.dtype], arch.name, bv,
-                                                  bwd_dh),
+                                                  bwd_dh), cp_correct,
                                 _device_kernels(arch, fwd_kernel) if h0_pieces is None else None)
     return _bwd_cp(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, state_v_first, plan,
                    decay_threshold, transition, h0_pieces, kernels, arch, sms)
@@ -248,24 +252,21 @@ def _bwd_cp(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, s
             fallback = (decay > decay_threshold) & needs
             capturing = dev.type == "cuda" and torch.cuda.is_current_stream_capturing()
             run_m = transition == "always" or capturing or bool(fallback.any())
-        Mt = torch.zeros(P2 + 1, H, K, K, dtype=f32, device=dev)
+        # M^T of (piece, head) pairs that do not enter the chain is never read (flag 0): not zeroed.
+        Mt = torch.empty(P2 + 1, H, K, K, dtype=f32, device=dev)
+        flag = torch.zeros(P2 + 1, H, dtype=torch.int32, device=dev)  # + the zero row of the slots
         if run_m:
             do_zero = torch.empty_like(do2[:tok_hi])
             do_zero[tok_lo:].zero_()
             eye = torch.eye(K, dtype=f32, device=dev).expand(P2, H, K, K).contiguous()
             views[2] = do_zero
             bwd["bwd_dh"](*views, fac, *rng, eye, *scratch, Mt[:P2], p.scale)
-            Mt[:P2] *= (needs if fallback is None else fallback)[:, :, None, None].to(f32)
-        # Chain from the last piece backwards: slot s of long sequence l = dS_start(last_l - s).
+            flag[:P2] = (needs.expand(P2, H) if fallback is None else fallback).to(torch.int32)
+        # Chain from the last piece backwards (one launch): slot s of long sequence l = dS_start(last_l - s).
         nl = len(plan.long_seqs)
         slots = torch.empty(plan.n_slots - 1, nl, H, K, V, dtype=f32, device=dev)
-        slots[0] = dS_loc[plan.bwd_slot_first]
-        if plan.n_slots > 2:
-            src = plan.bwd_slot_src.reshape(-1)
-            Ls = dS_loc[src].reshape(plan.n_slots - 2, nl * H, K, V)
-            Ms = Mt[src].reshape(plan.n_slots - 2, nl * H, K, K)
-            for s in range(plan.n_slots - 2):
-                torch.baddbmm(Ls[s], Ms[s], slots[s].view(nl * H, K, V), out=slots[s + 1].view(nl * H, K, V))
+        src = (plan.bwd_slot_src if plan.n_slots > 2 else torch.zeros(0, nl, dtype=torch.int64, device=dev))
+        kernels.correct(dS_loc[plan.bwd_slot_first], dS_loc, Mt, flag, src.to(torch.int32), slots, arch.name)
         dht_all = torch.cat([slots.reshape(-1, H, K, V), user_dht], 0)
     else:
         dht_all = user_dht

@@ -10,6 +10,7 @@ are cast to them on store). Used by tests/kernels/test_forward_cp.py.
     chunk_fwd_kernel(h_qk, h_v, K, V, BV, C, dtype, state_v_first, arch)(
         q, k, v, g_cumsum, Ag, Pm, cu_seqlens, chunk_offsets, chunk_skip, h0, o, ht, h_out,
         scale, has_h0, store_final, store_h, has_skip)
+    cp_correct(init, L, M, flag, src, out, arch)                      (common/cp_correct.py)
 
 Kernel behaviour reproduced: per-chunk rows past the sequence end read as zero, gam clamped to the
 sequence's last token, o written only inside [cu[n], cu[n+1]), the padding tail after cu[-1] zeroed,
@@ -24,7 +25,8 @@ import torch
 
 from .emulate_bwd import _chunk_gates, _chunk_rows, _expand_heads
 
-__all__ = ["TWIN_KERNELS", "twin_chunk_fwd_kernel", "twin_chunk_local_cumsum", "twin_kkt_solve_kernel"]
+__all__ = ["TWIN_KERNELS", "twin_chunk_fwd_kernel", "twin_chunk_local_cumsum", "twin_cp_correct",
+           "twin_kkt_solve_kernel"]
 
 F64 = torch.float64
 
@@ -117,6 +119,20 @@ def _twin_recurrence(n_blocks: int, sm_count: int, arch):
     return twin_chunk_fwd_kernel
 
 
+def twin_cp_correct(init, L, M, flag, src, out, arch: str):
+    """common/cp_correct.cp_correct in float64: out[0] = init, out[s + 1] = L[j] + flag[j] * (M[j] out[s]),
+    j = src[s] (per long sequence and head; M rows with flag 0 are never read, as in the kernel)."""
+    x = init.to(F64)
+    out[0] = x.to(out.dtype)
+    for s in range(out.shape[0] - 1):
+        j = src[s].long()  # [n_long]
+        on = (flag[j] != 0)[..., None, None]  # [n_long, H, 1, 1]
+        prod = torch.where(on, M[j].to(F64), torch.zeros((), dtype=F64)) @ x
+        x = L[j].to(F64) + torch.where(on, prod, torch.zeros((), dtype=F64))
+        out[s + 1] = x.to(out.dtype)
+    return out
+
+
 # The ForwardKernels bundle of forward_cp (built lazily there to keep this module import-light).
 TWIN_KERNELS = {"cumsum": twin_chunk_local_cumsum, "kkt_solve": twin_kkt_solve_kernel,
-                "recurrence": _twin_recurrence}
+                "recurrence": _twin_recurrence, "correct": twin_cp_correct}

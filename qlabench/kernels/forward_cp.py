@@ -29,12 +29,11 @@ Launches:
       in their sequence (the kernel takes a contiguous range; their result is not read) skip all
       their chunks. Transition pass: the same launch with v = 0 and h0 = I (V-width = K = 128) ->
       M (the identity-state trick of context_parallel.py), run only by the fallback (piece, head)
-      blocks (the others skip every chunk; their M rows are zeroed).
+      blocks (the others skip every chunk; their M rows are never read).
   (c) correction, sequentially over piece positions s = 0 .. n_slots - 2, all long sequences at once:
           S_in(s + 1) = S_loc(s) + [fallback(s)] M(s) S_in(s),    S_in(0) = h0 or 0,
-      one batched matmul (baddbmm into a slot view) per step, plus ~6 launches of gathers around it:
-      n_slots + ~6 small launches (32 pieces: ~37). A log-depth scan over the affine maps would
-      cut this to ~2 log2(n_slots) launches if it shows up in the H200 profile.
+      one launch of common/cp_correct.py (the chain inside the kernel; M read only where a head falls
+      back), plus a gather of h0 and, with state_v_first, transposes around it.
   (d) output pass: the recurrence over all pieces from S_in, o written in place; the final state of
       each sequence is its last piece's (one gather).
 Work: the local pass runs n(j, h) chunks per (piece, head) (~4 with the suite's bench gates, about
@@ -74,6 +73,7 @@ from dataclasses import dataclass
 import torch
 
 from .common.chunks import chunk_table, f32_buffers
+from .common.cp_correct import cp_correct
 from .common.cumsum import chunk_local_cumsum
 from .cp import CPPlan, plan_cp
 from .dispatch import arch_for_device, kernel_factory
@@ -93,21 +93,23 @@ class ForwardKernels:
 
     cumsum(g2, table, C, arch_name) -> g_cumsum (common.cumsum.chunk_local_cumsum);
     kkt_solve(h_qk, h_v, K, C, dtype, arch_name) -> kernel; recurrence(n_blocks, sm_count, arch) ->
-    factory(h_qk, h_v, K, V, BV, C, dtype, state_v_first, arch_name) -> kernel.
+    factory(h_qk, h_v, K, V, BV, C, dtype, state_v_first, arch_name) -> kernel;
+    correct(init, L, M, flag, src, out, arch_name): the correction chain (common/cp_correct.cp_correct).
     """
 
     cumsum: Callable
     kkt_solve: Callable
     recurrence: Callable
+    correct: Callable
 
 
 def _device_kernels(arch, fwd_kernel: str | None = None) -> ForwardKernels:
     """The device kernels; ``fwd_kernel`` (KernelOptions.fwd_kernel) picks the recurrence (None: the
     QLABENCH_FWD_KERNEL switch, read at each launch). The CP forward always runs kkt_solve."""
     if fwd_kernel is None:
-        return ForwardKernels(chunk_local_cumsum, kernel_factory(arch, "kkt_solve"), recurrence_kernel)
+        return ForwardKernels(chunk_local_cumsum, kernel_factory(arch, "kkt_solve"), recurrence_kernel, cp_correct)
     return ForwardKernels(chunk_local_cumsum, kernel_factory(arch, "kkt_solve"),
-                          functools.partial(recurrence_kernel, fwd_kernel=fwd_kernel))
+                          functools.partial(recurrence_kernel, fwd_kernel=fwd_kernel), cp_correct)
 
 
 def chunk_gated_delta_rule_fwd_cp(
@@ -302,30 +304,31 @@ def piece_initial_states(p, plan, state_v_first, q2, k2, v2, g_cumsum, Ag, Pm, u
         else:
             capturing = dev.type == "cuda" and torch.cuda.is_current_stream_capturing()
             run_m = transition == "always" or capturing or bool(fallback.any())
-        M = torch.zeros((P1 + 1, H, K, K), dtype=sdt, device=dev)
+        # M of (piece, head) pairs that do not fall back is never read (flag 0 below): not zeroed.
+        M = torch.empty((P1 + 1, H, K, K), dtype=sdt, device=dev)
+        flag = torch.zeros(P1 + 1, H, dtype=torch.int32, device=dev)  # + the zero row of the slots
         if run_m:
             # Transition pass, fallback heads only: v = 0 from h0 = I gives M (its own
-            # layout-transposed form with state_v_first, which the chain below multiplies from the
-            # right). Blocks that skip every chunk store h0 = I: zeroed by the mask.
+            # layout-transposed form with state_v_first). Blocks that skip every chunk store h0 = I.
             v_zero = torch.empty_like(v2[:tok_hi])
             v_zero[plan.pieces[lo][0]:].zero_()
             eye = torch.eye(K, dtype=sdt, device=dev).expand(P1, H, K, K).contiguous()
             views[2] = v_zero
             kernel1(*views, *rng, skip_m, eye, o[:tok_hi], M, h_dummy, p.scale, 1, 1, 0, 1)
-            M[:P1] *= fallback[:, :, None, None].to(sdt)
-        # (c) correction over piece positions, all long sequences at once.
+            flag[:P1] = fallback.to(torch.int32)
+        # (c) correction over piece positions, all long sequences at once: one chain launch. Its
+        # states are [K, V]; with state_v_first the stored S^T and M^T are transposed around it.
         nl = len(plan.long_seqs)
         slots = torch.empty((plan.n_slots, nl) + state, dtype=sdt, device=dev)
-        slots[0] = user_h0[plan.slot_seq]
-        Ls = S_loc[plan.slot_src.reshape(-1)].reshape((plan.n_slots - 1, nl * H) + state[1:])
-        Ms = M[plan.slot_src.reshape(-1)].reshape(plan.n_slots - 1, nl * H, K, K)
-        for s in range(plan.n_slots - 1):
-            cur = slots[s].view((nl * H,) + state[1:])
-            nxt = slots[s + 1].view((nl * H,) + state[1:])
-            if state_v_first:  # stored S^T: S_in^T M^T
-                torch.baddbmm(Ls[s], cur, Ms[s], out=nxt)
-            else:
-                torch.baddbmm(Ls[s], Ms[s], cur, out=nxt)
+        init = user_h0[plan.slot_seq]
+        src = plan.slot_src.to(torch.int32)
+        if state_v_first:
+            kv_slots = torch.empty((plan.n_slots, nl, H, K, state[1]), dtype=sdt, device=dev)
+            kernels.correct(init.transpose(-1, -2).contiguous(), S_loc.transpose(-1, -2).contiguous(),
+                            M.transpose(-1, -2).contiguous(), flag, src, kv_slots, arch.name)
+            slots.copy_(kv_slots.transpose(-1, -2))
+        else:
+            kernels.correct(init.contiguous(), S_loc, M, flag, src, slots, arch.name)
         h0_all = torch.cat([slots.reshape((-1,) + state), user_h0], 0)
     else:
         h0_all = user_h0

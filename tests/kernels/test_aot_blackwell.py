@@ -25,7 +25,7 @@ from click.testing import CliRunner
 from qlabench.cli import main
 
 SM120_SMEM_PER_BLOCK = 101376  # bytes of shared memory one block may opt into on sm_120 (99 KB)
-FORWARD = ("chunk_local_cumsum", "kkt_solve", "chunk_fwd", "chunk_fwd_pipelined")
+FORWARD = ("chunk_local_cumsum", "kkt_solve", "cp_correct", "chunk_fwd", "chunk_fwd_pipelined")
 TCGEN05 = ("kkt_solve", "chunk_fwd", "chunk_fwd_pipelined")  # sm100 kernels with tensor-memory MMAs
 
 
@@ -85,9 +85,9 @@ def test_aot_blackwell_forward(aot_run, arch):
             again = CliRunner().invoke(main, ["aot", "--arch", arch, "--cfg", "hk1_hv2", "--state-layout", "kv",
                                               "--cache-dir", str(cache)])
         assert again.exit_code == 0, again.output
-        assert again.output.splitlines()[-1].startswith("0 kernels compiled, 6 cached"), again.output
+        assert again.output.splitlines()[-1].startswith("0 kernels compiled, 7 cached"), again.output
         assert [ln.split()[-3] for ln in again.output.splitlines() if ln.startswith("  ") and
-                not ln.startswith("  skipped")] == ["cached"] * 6, again.output
+                not ln.startswith("  skipped")] == ["cached"] * 7, again.output
     else:
         assert "skipped" not in result.output
     for name, builds in kernels.items():

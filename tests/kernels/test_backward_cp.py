@@ -110,7 +110,12 @@ def _counting(calls: list):
             return launch
         return make
 
-    return BackwardCPKernels(bwd, ForwardKernels(TWIN_KERNELS["cumsum"], TWIN_KERNELS["kkt_solve"], recurrence))
+    def correct(*a):
+        calls.append(("correct", a[5].shape[0] - 1, a))
+        return TWIN_KERNELS["correct"](*a)
+
+    return BackwardCPKernels(bwd, correct, ForwardKernels(TWIN_KERNELS["cumsum"], TWIN_KERNELS["kkt_solve"], recurrence,
+                                                          correct))
 
 
 def _run_cp(args, L, *, threshold=None, transition="auto", enable=True, states="recompute", calls=None,
@@ -320,9 +325,9 @@ def test_bad_arguments_are_named():
     a = (p, args["q"], args["k"], args["v"], args["g_cumsum"], args["beta"], args["A"], args["do"], args["dht"],
          args["initial_state"], None, False, plan, None, "auto")
     with pytest.raises(ValueError, match="h0_pieces must have shape"):
-        _bwd_cp(*a, torch.zeros(3, 2, 16, 16, dtype=F64), BackwardCPKernels(KERNEL_TWINS), arch, 132)
+        _bwd_cp(*a, torch.zeros(3, 2, 16, 16, dtype=F64), BackwardCPKernels(KERNEL_TWINS, TWIN_KERNELS["correct"]), arch, 132)
     with pytest.raises(ValueError, match="no forward kernels"):
-        _bwd_cp(*a, None, BackwardCPKernels(KERNEL_TWINS), arch, 132)
+        _bwd_cp(*a, None, BackwardCPKernels(KERNEL_TWINS, TWIN_KERNELS["correct"]), arch, 132)
     other = plan_cp(torch.tensor([0, 32, 64]), heads=2, sm_count=132, chunk_size=8)
     with pytest.raises(ValueError, match="plan is for"):
-        _bwd_cp(*a[:12], other, None, "auto", None, BackwardCPKernels(KERNEL_TWINS), arch, 132)
+        _bwd_cp(*a[:12], other, None, "auto", None, BackwardCPKernels(KERNEL_TWINS, TWIN_KERNELS["correct"]), arch, 132)

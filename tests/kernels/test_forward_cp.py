@@ -188,7 +188,7 @@ def _counting_kernels(calls: list, launches: list | None = None):
             return launch
         return factory
 
-    return ForwardKernels(TWIN_KERNELS["cumsum"], TWIN_KERNELS["kkt_solve"], recurrence)
+    return ForwardKernels(TWIN_KERNELS["cumsum"], TWIN_KERNELS["kkt_solve"], recurrence, TWIN_KERNELS["correct"])
 
 
 def _check_exact(q, k, v, g, beta, h0, cu, C, L, state_v_first=False, threshold=None):

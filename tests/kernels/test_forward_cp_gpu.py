@@ -194,3 +194,38 @@ def test_cp_cuda_graph_capture():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(captured[2], eager[2]) and torch.equal(captured[4], eager[4])
+
+
+@pytest.mark.parametrize("n_long,H", [(1, 8), (3, 4)])
+def test_cp_correct_chain_matches_the_twin(n_long, H):
+    """common/cp_correct (one launch, bf16 hi/lo products) against its float64 twin: a 31-step chain
+    with transitions of spectral norm ~1 (the worst case for accumulated rounding), heads and steps
+    with flag 0 whose M rows hold NaN (never read), a zero row; error of every slot <= 2e-4 (one bf16
+    product per step would give ~1e-2 here)."""
+    from qlabench.kernels.common.cp_correct import cp_correct
+    from qlabench.kernels.dispatch import arch_for_device
+    from qlabench.kernels.emulate_fwd import twin_cp_correct
+
+    gen = torch.Generator().manual_seed(5)
+    K = V = 128
+    n_src, n_out = 40, 32
+    init = torch.randn(n_long, H, K, V, generator=gen)
+    L = 0.1 * torch.randn(n_src, H, K, V, generator=gen)
+    L[-1] = 0  # the zero row of the slots
+    Q, _ = torch.linalg.qr(torch.randn(n_src, H, K, K, generator=gen, dtype=torch.float64))
+    M = (0.999 * Q).float()  # orthogonal-like: ||M||_2 ~ 1, so errors do not decay away
+    flag = (torch.rand(n_src, H, generator=gen) < 0.7).to(torch.int32)
+    flag[-1] = 0
+    flag[:, 0] = 1  # one head with every transition on
+    M[flag == 0] = float("nan")
+    src = torch.randint(0, n_src, (n_out - 1, n_long), generator=gen, dtype=torch.int32)
+    src[-1] = n_src - 1
+    want = twin_cp_correct(init, L, M, flag, src, torch.empty(n_out, n_long, H, K, V, dtype=torch.float64), "cpu")
+    dev = torch.device("cuda")
+    arch = arch_for_device(dev)
+    got = torch.full((n_out, n_long, H, K, V), 7.0, device=dev)
+    cp_correct(*(x.to(dev) for x in (init, L, M, flag, src)), got, arch.name)
+    got = got.cpu().double()
+    assert torch.isfinite(got).all()
+    err = [rel_l2(got[s], want[s]) for s in range(n_out)]
+    assert max(err) <= 2e-4, err
