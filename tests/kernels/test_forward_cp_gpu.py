@@ -213,7 +213,7 @@ def test_cp_correct_chain_matches_the_twin(n_long, H):
     L = 0.1 * torch.randn(n_src, H, K, V, generator=gen)
     L[-1] = 0  # the zero row of the slots
     Q, _ = torch.linalg.qr(torch.randn(n_src, H, K, K, generator=gen, dtype=torch.float64))
-    M = (0.999 * Q).float()  # orthogonal-like: ||M||_2 ~ 1, so errors do not decay away
+    M = (0.999 * Q).float().contiguous()  # orthogonal-like: ||M||_2 ~ 1, so errors do not decay away
     flag = (torch.rand(n_src, H, generator=gen) < 0.7).to(torch.int32)
     flag[-1] = 0
     flag[:, 0] = 1  # one head with every transition on

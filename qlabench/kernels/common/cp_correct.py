@@ -105,6 +105,9 @@ def cp_correct(init, L, M, flag, src, out, arch: str):
     out `[n_out, n_long, H, K, V]` fp32, written.
     """
     n_long, H, K, V = init.shape
+    for name, x in (("init", init), ("L", L), ("M", M), ("flag", flag), ("src", src), ("out", out)):
+        if not x.is_contiguous():
+            raise ValueError(f"cp_correct: {name} must be contiguous, got strides {x.stride()}")
     if out.shape[0] == 1:  # no step: the chain is its start
         out[0].copy_(init)
         return out
