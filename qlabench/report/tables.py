@@ -323,20 +323,33 @@ def header_lines(report: Report) -> list[str]:
     elif start or end:
         gpu_line += f" | SM clock {start or end} MHz at {'start' if start else 'end'}"
     out = [gpu_line]
-    cfg = []
-    for label, key in (("Timer", "timer"), ("Warmup", "warmup"), ("Repeats", "repeats"), ("L2", "l2_policy")):
-        if run.get(key) is not None:
-            cfg.append(f"{label}={run[key]}")
-    if run.get("gate_profile"):
-        cfg.append(f"Gate={run['gate_profile']}")
-    if run.get("quick"):
-        cfg.append("quick")
-    out.append("Config: " + (", ".join(cfg) if cfg else "unknown (rows carry no run block)"))
+
+    def config_of(r: dict) -> str:
+        cfg = [f"{label}={r[key]}" for label, key in (("Timer", "timer"), ("Warmup", "warmup"),
+                                                        ("Repeats", "repeats"), ("L2", "l2_policy"))
+               if r.get(key) is not None]
+        if r.get("gate_profile"):
+            cfg.append(f"Gate={r['gate_profile']}")
+        if r.get("quick"):
+            cfg.append("quick")
+        return ", ".join(cfg) if cfg else "unknown (rows carry no run block)"
+
+    runs, sources = report.collected.runs, report.collected.sources
+    configs = [config_of(r) for r in runs] or [config_of(run)]
+    if len(set(configs)) > 1:  # files measured under different settings: say which is which
+        out.append("Config: " + "; ".join(f"{c} ({src})" for c, src in zip(configs, sources)))
+    else:
+        out.append("Config: " + configs[0])
     if report.peers:
         out.append(f"Subject: {report.subject}; speedup = peer time / {report.subject} time (median)")
     else:  # one backend: times only, nothing to divide by
         out.append(f"Backend: {report.subject} (no peer backend in the results: no speedups)")
-    versions = env.get("versions") or {}
+    versions = {}  # every file's library versions; where files disagree, each value once
+    for e in report.collected.envs or [env]:
+        for k, v in (e.get("versions") or {}).items():
+            if v is not None and str(v) not in versions.setdefault(k, []):
+                versions[k].append(str(v))
+    versions = {k: " / ".join(v) for k, v in versions.items() if v}
     if versions:
         out.append("Library Versions:")
         out.append("  " + " | ".join(f"{k}: {v}" for k, v in versions.items() if v is not None))

@@ -116,3 +116,24 @@ def test_several_files_combine(tmp_path):
     text = format_h200_tables(paths)
     assert ">>> FORWARD BENCHMARKS" in text and ">>> BACKWARD BENCHMARKS" in text
     assert build_report(paths, phases=["bwd"]).tables[0].phase == "bwd"
+
+
+def test_header_of_files_measured_differently(tmp_path):
+    """Two files with other run settings and library sets: the header names each file's settings and
+    every library version (a peer's version from the second file, both values where they differ)."""
+    r = demo_results()
+    first = make_results([x for x in r["rows"] if x["backend"] != "fla"], versions={"fla": "0.5.1"})
+    second = make_results([x for x in r["rows"] if x["backend"] == "fla"], versions={"flashinfer": "0.7.2"})
+    second["run"]["warmup"], second["run"]["repeats"] = 5, 30
+    paths = []
+    for name, doc in (("a.json", first), ("b.json", second)):
+        (tmp_path / name).write_text(json.dumps(doc))
+        paths.append(str(tmp_path / name))
+    header = render(build_report(paths), "md").split("## ")[0]
+    config = next(line for line in header.splitlines() if line.startswith("- Config: "))
+    assert "Warmup=5, Repeats=30" in config and "Warmup=10, Repeats=100" in config and "(" + paths[0] + ")" in config and paths[1] in config, config
+    versions = next(line for line in header.splitlines() if line.startswith("- Library Versions: "))
+    assert "flashinfer: 0.7.2" in versions and "fla: 0.5.1 / 0.6.0" in versions, versions
+    # files measured alike: one Config entry, as before
+    same = render(build_report([paths[0], paths[0]]), "md").split("## ")[0]
+    assert "; " not in next(line for line in same.splitlines() if line.startswith("- Config: "))
