@@ -95,7 +95,7 @@ def run_cmd(arch, cfgs, sweep, seqlens, phase, backends, gate_profile, device, q
 
     --out is locked (<out>.lock) for the whole run and written once before the first case; --resume
     refuses a file measured under other settings (seed, h0, tolerance, warmup, repeats, timer, L2,
-    quick, device). Bad options exit 2 with one line.
+    quick, device, kernel-option defaults). Bad options exit 2 with one line.
     """
     import sys
     from pathlib import Path
@@ -105,6 +105,7 @@ def run_cmd(arch, cfgs, sweep, seqlens, phase, backends, gate_profile, device, q
     from qlabench import runsetup as RS
     from qlabench import shard as SH
     from qlabench.backends import get_backend, parse_backends
+    from qlabench.kernels.options import KernelOptions
 
     lock = None
     try:
@@ -149,6 +150,7 @@ def run_cmd(arch, cfgs, sweep, seqlens, phase, backends, gate_profile, device, q
             "cpu_max_tokens": cfg.cpu_max_tokens if device == "cpu" and quick else None,
             "gpus": [s.gpu_index for s in slots] if slots and device == "cuda" else None,
             "workers": len(slots) if slots else None, "case_timeout_s": case_timeout,
+            "option_defaults": KernelOptions().as_dict(),  # what `qla` means in this file's names
         }
         lock = RS.prepare_out(out_path)  # before anything is measured: writable, and ours alone
         res = RS.open_results(out_path, env, run, resume)

@@ -39,7 +39,7 @@ RUN_FIELDS = (
 # Settings of the `run` block that change what a row measures: `--resume` refuses a file recorded with
 # other values (rows measured under two settings must not share one file).
 MEASUREMENT_SETTINGS = ("device", "seed", "with_h0", "tolerance", "warmup", "repeats", "timer",
-                        "l2_policy", "quick", "cpu_max_tokens")
+                        "l2_policy", "quick", "cpu_max_tokens", "option_defaults")
 TIME_FIELDS = ("median_ms", "p20_ms", "p80_ms", "min_ms", "mean_ms", "std_ms")
 # A time outside [1 ns, 1 h] per call is not a measurement this suite makes: the file is corrupt.
 MIN_TIME_MS, MAX_TIME_MS = 1e-6, 3.6e6
@@ -52,7 +52,7 @@ ROW_FIELDS = (
 # files lack them). gpu_index / gpu_uuid: the GPU the row ran on (index as the run numbered the visible
 # GPUs); worker: the worker process of a sharded run (qlabench/shard.py), null in a one-process run.
 # options: the kernel options of a `qla` row (qlabench.kernels.KernelOptions as a dict; null for other
-# backends; a qla row without it ran the default kernels). kernel_split: `run --kernel-split`'s device
+# backends; a qla row without it ran the default kernels of its commit). kernel_split: `run --kernel-split`'s device
 # time per kernel name, microseconds per call ({kernel: us}), null when not asked for.
 OPTIONAL_ROW_FIELDS = ("gpu_index", "gpu_uuid", "worker", "options", "kernel_split")
 # Row identity, the one definition (resume, report, compare, gate, history): a case is these fields,
@@ -60,39 +60,47 @@ OPTIONAL_ROW_FIELDS = ("gpu_index", "gpu_uuid", "worker", "options", "kernel_spl
 # it: presets are named hk<h_qk>_hv<h_v> (config.load_presets checks), so h_qk and h_v say the same.
 # beta_profile and h0_scale (the input recipe beyond the gate, qlabench/workload.py) came later: a row
 # without them has the default recipe, KEY_DEFAULTS (qlabench/recipe.py). The backend field of the key
-# carries the row's kernel options (backend_key: `qla:cp=on`), so rows of two kernel variants never
-# match; a row without `options` ran the defaults.
+# is the name the run gave the row (backend_key): `qla` = the default kernels of the run's commit, a
+# variant `qla:cp=on` = the options that differ from those defaults, so rows of two variants never match.
+# A file records the defaults its names are relative to (run.option_defaults); files written before
+# that (before cp's default became auto) are relative to LEGACY_OPTION_DEFAULTS.
 KEY_DEFAULTS = {"beta_profile": DEFAULT_BETA_PROFILE, "h0_scale": DEFAULT_H0_SCALE}
 CASE_FIELDS = ("phase", "h_qk", "h_v", "pattern", "gate_profile", "dtype", *KEY_DEFAULTS)
 KEY_FIELDS = (*CASE_FIELDS, "backend")
 _INT_KEYS = ("h_qk", "h_v")
 
 
+LEGACY_OPTION_DEFAULTS = {"cp": "off", "fwd_kernel": "auto", "kkt": "default", "bwd_dh": "auto",
+                          "bwd_cp": "auto"}
+
+
 class ResultsError(ValueError):
     """A results file that is not valid ``qlabench.results/1``; the message names file and field."""
 
 
-def options_label(options) -> str:
-    """``cp=on+bwd_dh=ws`` for a row's ``options`` dict (its non-default kernel options), ``""`` for
-    the defaults or none. ValueError for an unknown option or value."""
+def options_label(options, defaults: dict | None = None) -> str:
+    """``cp=on+bwd_dh=ws`` for a row's ``options`` dict (the kernel options that differ from
+    ``defaults``, None: today's), ``""`` for the defaults or none. ValueError for an unknown option or
+    value."""
     if not isinstance(options, dict) or not options:
         return ""
     from .kernels.options import KernelOptions  # only rows with options pay for this import
 
-    return KernelOptions.from_dict(options).label()
+    return KernelOptions.from_dict({**(defaults or {}), **options}).label(defaults)
+
+
+def option_defaults(run: dict | None) -> dict:
+    """The kernel-option defaults a file's backend names are relative to: its ``run.option_defaults``,
+    else (files written before it was recorded) LEGACY_OPTION_DEFAULTS."""
+    recorded = (run or {}).get("option_defaults")
+    return dict(recorded) if isinstance(recorded, dict) else dict(LEGACY_OPTION_DEFAULTS)
 
 
 def backend_key(row) -> str:
-    """The backend a row measured, with its kernel options: ``qla``, ``qla:cp=on+bwd_dh=ws``. The
-    options come from the row's ``options`` when it has them, else from the name as written (rows of
-    files from before options existed: the default kernels)."""
-    name = str(row.get("backend"))
-    options = row.get("options")
-    if not isinstance(options, dict) or not options:
-        return name
-    label = options_label(options)
-    base = name.partition(":")[0]
-    return f"{base}:{label}" if label else base
+    """The backend a row measured, as its run named it: ``qla`` (the default kernels of the run's
+    commit), ``qla:cp=on+bwd_dh=ws`` (a variant). ``check_row`` makes sure the name agrees with the row's
+    ``options`` and its file's defaults."""
+    return str(row.get("backend"))
 
 
 def _key(row, fields) -> tuple:
@@ -252,9 +260,11 @@ def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def check_row(row, where: str = "row") -> dict:
-    """Checks one row: required fields, typed key fields, status, and (for ok / incorrect rows) finite
-    times inside [MIN_TIME_MS, MAX_TIME_MS]. Raises ResultsError naming ``where``, field and value."""
+def check_row(row, where: str = "row", defaults: dict | None = None) -> dict:
+    """Checks one row: required fields, typed key fields, status, (for ok / incorrect rows) finite
+    times inside [MIN_TIME_MS, MAX_TIME_MS], and that a row with ``options`` is named after the options
+    that differ from ``defaults`` (its file's `option_defaults`; None: today's). Raises ResultsError
+    naming ``where``, field and value."""
     if not isinstance(row, dict):
         raise ResultsError(f"{where} is not an object, got {type(row).__name__}: {row!r:.80}")
     missing = [k for k in ROW_FIELDS if k not in row]
@@ -314,11 +324,13 @@ def check_row(row, where: str = "row") -> dict:
         if not isinstance(options, dict) or not all(isinstance(v, str) for v in options.values()):
             raise bad("options", "expected an object of kernel options (strings) or null")
         try:
-            key = backend_key(row)
+            label = options_label(options, defaults)
         except ValueError as e:
             raise bad("options", str(e)) from None
-        if key != row["backend"]:
-            raise bad("backend", f"its options say {key!r} (a variant's name carries its options)")
+        base = str(row["backend"]).partition(":")[0]
+        named = f"{base}:{label}" if label else base
+        if named != row["backend"]:
+            raise bad("backend", f"its options say {named!r} (a variant's name carries its options)")
     split = row.get("kernel_split")
     if split is not None and not (isinstance(split, dict) and all(
             isinstance(k, str) and _is_num(v) and math.isfinite(v) and v >= 0 for k, v in split.items())):
@@ -347,8 +359,9 @@ def validate(results, source: str = "<results>", allow_empty: bool = True) -> di
     if not rows and not allow_empty:
         raise ResultsError(f"{source}: no rows (a run stopped before its first row finished?)")
     seen: dict[tuple, int] = {}
+    defaults = option_defaults(results["run"])
     for i, row in enumerate(rows):
-        check_row(row, f"{source}: rows[{i}]")
+        check_row(row, f"{source}: rows[{i}]", defaults)
         key = row_key(row)
         if key in seen:
             raise ResultsError(f"{source}: rows[{seen[key]}] and rows[{i}] are the same case and backend "
@@ -382,6 +395,8 @@ def check_resume_settings(old_run: dict, new_run: dict, source: str) -> None:
     diffs = []
     for k in MEASUREMENT_SETTINGS:
         old, new = old_run.get(k, missing), new_run.get(k, missing)
+        if k == "option_defaults" and new is not missing:  # what `qla` means; unrecorded in a file: LEGACY
+            old, new = option_defaults(old_run), option_defaults(new_run)
         if old is missing and new is missing:
             continue
         if old is missing or new is missing or old != new or isinstance(old, bool) != isinstance(new, bool):

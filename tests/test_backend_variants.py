@@ -32,10 +32,10 @@ def _clean(monkeypatch):
 
 
 def test_variant_names_are_canonical():
-    assert parse_backends("qla,fla,qla:bwd_dh=ws+cp=on,qla:cp=off,torch") == [
+    assert parse_backends("qla,fla,qla:bwd_dh=ws+cp=on,qla:cp=auto,torch") == [
         "qla", "fla", "qla:cp=on+bwd_dh=ws", "torch"]
     assert parse_backends(["qla:kkt=grouped", "qla:kkt=grouped"]) == ["qla:kkt=grouped"]
-    assert canonical_name("qla:fwd_kernel=pipelined+cp=auto") == "qla:cp=auto+fwd_kernel=pipelined"
+    assert canonical_name("qla:fwd_kernel=pipelined+cp=off") == "qla:cp=off+fwd_kernel=pipelined"
 
 
 def test_variant_backend_carries_its_options():
@@ -64,7 +64,7 @@ def test_environment_switches_become_the_name(monkeypatch):
     `qla:cp=on`, so its rows never pass for the default kernels; options in the name win."""
     monkeypatch.setenv("QLABENCH_CP", "on")
     monkeypatch.setenv("QLABENCH_BWD_DH", "ws")
-    assert parse_backends("qla,torch,qla:cp=off") == ["qla:cp=on+bwd_dh=ws", "torch", "qla:bwd_dh=ws"]
+    assert parse_backends("qla,torch,qla:cp=auto") == ["qla:cp=on+bwd_dh=ws", "torch", "qla:bwd_dh=ws"]
     assert get_backend("qla").name == "qla"  # a backend built from a name reads no environment
     monkeypatch.setenv("QLABENCH_CP", "bogus")
     with pytest.raises(ValueError, match="QLABENCH_CP must be one of auto, on, off, got 'bogus'"):
@@ -192,3 +192,21 @@ def test_env_block_records_the_kernel_switches(tmp_path, monkeypatch):
     res, out = _run(tmp_path, "--backends", "torch")
     assert res.exit_code == 0, res.output
     assert R.load(out)["env"]["kernel_switches"] == {"QLABENCH_WS_AUTO_SYNC": "1"}
+
+
+def test_names_are_relative_to_the_defaults_their_file_records():
+    """`qla` is the default kernels of the run's commit: a file records those defaults
+    (run.option_defaults); a file from before the record (cp's default was off then) names a cp=off row
+    `qla`, today's runs name it `qla:cp=off`. Both load; within one file a name hiding its options is
+    refused; --resume refuses a file whose defaults differ."""
+    old_doc = make_results([_qla_row("qla", {**DEFAULT, "cp": "off"})])
+    del old_doc["run"]["option_defaults"]
+    R.validate(old_doc)
+    assert R.option_defaults(old_doc["run"]) == R.LEGACY_OPTION_DEFAULTS
+    with pytest.raises(R.ResultsError, match=r"its options say 'qla:cp=off'"):
+        R.validate(make_results([_qla_row("qla", {**DEFAULT, "cp": "off"})]))
+    R.validate(make_results([_qla_row("qla:cp=off", {**DEFAULT, "cp": "off"})]))
+    new_run = make_results([])["run"]
+    with pytest.raises(R.ResultsError, match="option_defaults"):
+        R.check_resume_settings(old_doc["run"], new_run, "old.json")
+    R.check_resume_settings(new_run, dict(new_run), "new.json")

@@ -35,16 +35,34 @@ def _l2norm(x: torch.Tensor) -> torch.Tensor:
 
 def cp_mode(options: KernelOptions | None = None) -> str:
     """Intra-card CP switch of the forward and its backward: ``options.cp``, or without options
-    QLABENCH_CP: off (the default), auto (the plan's enable rule, cp.py) or on (always plan pieces).
-
-    Off by default because it does not pay yet: on the H200 (results/h200/2026-11-29_8e6cbaf/
-    fwd-variants-cp.log) the CP forward is correct on every GPU test but, where cp.py's rule turns it
-    on, faster only for few heads (1x32768 hk2_hv8: 1.11 vs 1.24 ms), equal at hk16_hv16 1x32768
-    (1.39 ms) and slower elsewhere (hk16_hv48 1x32768: 3.57 vs 3.05 ms; hk16_hv16 1x8192: 0.59 vs
-    0.44 ms): its fallback heads still run whole pieces twice, and the correction adds ~0.2 ms of
-    small launches.
-    """
+    QLABENCH_CP: auto (the default: `cp_rule`), on (cp.py's pieces wherever a sequence can be cut) or
+    off."""
     return option_value(options, "cp")
+
+
+# cp=auto's rule (the default), measured on the H200 (results/h200/NOTES.md, session 6: cp-ab.json, the
+# one-launch correction chain). CP pays where few (sequence, v-head) chains run long: forward 0.82 vs
+# 0.98 ms and backward 1.76 vs 2.48 at hk2_hv8 1x32768 (8 chains), 0.81 vs 0.89 and 1.75 vs 2.25 at
+# hk2_hv8 28672+4096 (10.3 effective chains). At 16 chains over 32768 tokens (hk4_hv16, hk16_hv16) the
+# slower forward and faster backward cancel (forward + backward within 1%), at 8192 tokens the forward
+# loses (hk2_hv8 1x8192: 0.34 vs 0.26 ms), and at 32+ chains both lose. So: cp.py's plan must turn on,
+# and the call must have at most CP_MAX_CHAINS effective chains (H_v * total chunks / longest sequence's
+# chunks, cp.py's Be * H) and a sequence of at least CP_MIN_TOKENS tokens (the shortest measured win).
+CP_MAX_CHAINS = 12
+CP_MIN_TOKENS = 28672
+
+
+def cp_rule(plan, heads: int) -> bool:
+    """cp=auto's decision for an enabled cp.py ``plan`` of a call with ``heads`` v-heads (see above)."""
+    C = plan.chunk_size
+    tokens = {}
+    for bos, eos, seq in plan.pieces:
+        tokens[seq] = tokens.get(seq, 0) + (eos - bos)
+    longest = max(tokens.values(), default=0)
+    if longest < CP_MIN_TOKENS:
+        return False
+    chunks = sum(-(-n // C) for n in tokens.values())
+    return heads * chunks / -(-longest // C) <= CP_MAX_CHAINS
 
 
 def _forward(q, k, v, g, beta, *, scale, initial_state, cu_seqlens, output_final_state, output_h, state_v_first,
@@ -78,15 +96,19 @@ def _cp_plan(q, v, cu_seqlens, options: KernelOptions | None = None, mode: str |
     mode = cp_mode(options) if mode is None else mode
     if mode == "off":
         return None
+    B, T, H = v.shape[:3]
+    if mode == "auto" and (H > CP_MAX_CHAINS or T < CP_MIN_TOKENS):
+        return None  # cp_rule decided from shapes alone (chains >= H_v, longest <= T): no plan, no host read
     from .cp import plan_cp
     from .dispatch import arch_for_device
     from .forward import _sm_count
 
-    B, T, H = v.shape[:3]
     plan = plan_cp(cu_seqlens, heads=H, sm_count=_sm_count(q.device),
                    chunk_size=arch_for_device(q.device).chunk_size, B=B, T=T, device=q.device,
                    enable=True if mode == "on" else None)
-    return plan if plan.enabled else None
+    if not plan.enabled or (mode == "auto" and not cp_rule(plan, H)):
+        return None
+    return plan
 
 
 # bwd_cp=auto's rule, measured on the H200 (results/h200/NOTES.md, session 5): the backward's own pieces

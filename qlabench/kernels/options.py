@@ -35,7 +35,8 @@ ENV_VARS: dict[str, str] = {
     "bwd_cp": "QLABENCH_BWD_CP",
 }
 MEANING: dict[str, str] = {
-    "cp": "intra-card context parallelism of the forward and its backward: off, auto (cp.py's rule), on",
+    "cp": "intra-card context parallelism of the forward and its backward: auto (api.cp_rule: cp.py's plan "
+          "on few chains over long sequences), on (cp.py's pieces wherever a sequence can be cut), off",
     "fwd_kernel": "forward chunk recurrence: auto (ws on sm90, else pipelined), ws, pipelined, simple",
     "kkt": "per-chunk solve: default (kkt_solve), grouped (kkt_solve_grouped: sm90, GQA only)",
     "bwd_dh": "backward reverse pass: auto (ws on sm90, else pipelined), ws (bwd_dh_ws, sm90 only), pipelined",
@@ -49,7 +50,8 @@ class KernelOptions:
     """Kernel variants of one call. Defaults = the API's default kernels.
 
     Attributes:
-        cp: ``off`` | ``auto`` | ``on`` (QLABENCH_CP).
+        cp: ``auto`` | ``on`` | ``off`` (QLABENCH_CP): intra-card CP of the forward and its backward;
+            ``auto`` (the default) follows the measured rule of `api.cp_rule`.
         fwd_kernel: ``auto`` | ``ws`` | ``pipelined`` | ``simple`` (QLABENCH_FWD_KERNEL; ``ws`` raises
             ValueError on archs without it).
         kkt: ``default`` | ``grouped`` (QLABENCH_KKT; grouped applies on sm90 with GQA, and not in
@@ -60,7 +62,7 @@ class KernelOptions:
             pieces); the backward then recomputes the piece initial states itself.
     """
 
-    cp: str = "off"
+    cp: str = "auto"
     fwd_kernel: str = "auto"
     kkt: str = "default"
     bwd_dh: str = "auto"
@@ -97,13 +99,15 @@ class KernelOptions:
     def as_dict(self) -> dict[str, str]:
         return asdict(self)
 
-    def changed(self) -> dict[str, str]:
-        """The fields that differ from the defaults, in field order."""
-        return {k: v for k, v in asdict(self).items() if v != DEFAULTS[k]}
+    def changed(self, defaults: dict[str, str] | None = None) -> dict[str, str]:
+        """The fields that differ from ``defaults`` (None: today's DEFAULTS), in field order."""
+        base = {**DEFAULTS, **(defaults or {})}
+        return {k: v for k, v in asdict(self).items() if v != base[k]}
 
-    def label(self) -> str:
-        """``cp=on+bwd_dh=ws`` (non-default fields, field order); ``""`` for the defaults."""
-        return "+".join(f"{k}={v}" for k, v in self.changed().items())
+    def label(self, defaults: dict[str, str] | None = None) -> str:
+        """``cp=on+bwd_dh=ws`` (fields that differ from ``defaults``, None: today's, in field order);
+        ``""`` for the defaults."""
+        return "+".join(f"{k}={v}" for k, v in self.changed(defaults).items())
 
 
 DEFAULTS: dict[str, str] = {f.name: f.default for f in fields(KernelOptions)}

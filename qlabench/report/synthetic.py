@@ -10,6 +10,7 @@ import copy
 import re
 from typing import Any
 
+from qlabench.kernels.options import DEFAULTS as OPTION_DEFAULTS
 from qlabench.results import SCHEMA
 
 
@@ -149,6 +150,7 @@ def make_results(
             "l2_policy": "flush",
             "quick": False,
             "tolerance": 2e-2,
+            "option_defaults": dict(OPTION_DEFAULTS),
         },
         "rows": copy.deepcopy(rows),
     }

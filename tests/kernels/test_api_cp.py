@@ -43,26 +43,30 @@ def _call(T, H, cu=None, output_h=False):
     return out[0]
 
 
-def test_off_by_default(stubs, monkeypatch):
+def test_auto_by_default_follows_the_measured_rule(stubs, monkeypatch):
+    """cp=auto (the default): cp.py's plan, <= 12 effective chains and a 28672+-token sequence
+    (api.cp_rule); cp.py alone would also cut the 16-head and the 8192-token calls."""
     monkeypatch.delenv("QLABENCH_CP", raising=False)
-    assert cp_mode() == "off"
-    assert _call(32768, 16) == "plain"
-
-
-def test_auto_follows_the_plan(stubs, monkeypatch):
-    monkeypatch.setenv("QLABENCH_CP", "auto")
-    assert _call(32768, 16) == "cp"  # one 32k sequence, 16 heads: CP on (cp.py's rule)
+    assert cp_mode() == "auto"
+    assert _call(32768, 8) == "cp"  # one 32k sequence, 8 heads: 8 chains
     assert stubs[-1][1]["transition"] == "always" and stubs[-1][1]["plan"].enabled
     assert stubs[-1][1]["return_piece_states"] is True
-    assert _call(1024, 16, cu=list(range(0, 1025, 128))) == "plain"  # 2-chunk sequences: nothing to cut
-    assert _call(32768, 64) == "plain"  # 64 heads fill the GPU: CP off
+    assert _call(32768, 8, cu=[0, 28672, 32768]) == "cp"  # 8 x 512 / 448 = 9.1 effective chains
+    assert _call(32768, 12, cu=[0, 28672, 32768]) == "plain"  # 13.7 effective chains
+    assert _call(32768, 16) == "plain"  # 16 chains: the measured tie
+    assert _call(8192, 8) == "plain"  # 8192 tokens: the forward loses
+    assert _call(1024, 8, cu=list(range(0, 1025, 128))) == "plain"  # 2-chunk sequences: nothing to cut
+    assert _call(32768, 64) == "plain"  # 64 heads fill the GPU
+    monkeypatch.setenv("QLABENCH_CP", "auto")
+    assert _call(32768, 4) == "cp"
 
 
 def test_off_and_on(stubs, monkeypatch):
     monkeypatch.setenv("QLABENCH_CP", "off")
-    assert _call(32768, 16) == "plain"
+    assert _call(32768, 8) == "plain"
     monkeypatch.setenv("QLABENCH_CP", "on")
     assert _call(32768, 64) == "cp"
+    assert _call(8192, 16) == "cp"
     assert _call(32768, 16, output_h=True) == "plain"  # per-chunk states come from the plain forward
 
 

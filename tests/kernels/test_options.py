@@ -30,7 +30,7 @@ def _clean_env(monkeypatch):
 
 def test_defaults_are_the_default_kernels():
     o = KernelOptions()
-    assert o.as_dict() == {"cp": "off", "fwd_kernel": "auto", "kkt": "default", "bwd_dh": "auto", "bwd_cp": "auto"}
+    assert o.as_dict() == {"cp": "auto", "fwd_kernel": "auto", "kkt": "default", "bwd_dh": "auto", "bwd_cp": "auto"}
     assert o.changed() == {} and o.label() == ""
     assert KernelOptions.from_env({}) == o
     assert KernelOptions.from_dict(None) == o and KernelOptions.from_dict({}) == o
@@ -42,7 +42,7 @@ def test_parse_options():
     assert o.label() == "cp=on+bwd_dh=ws"
     assert parse_options("bwd_dh=ws+cp=on").label() == "cp=on+bwd_dh=ws"  # field order
     assert parse_options(" kkt = grouped ").kkt == "grouped"
-    assert parse_options("cp=off").label() == ""  # a default value is no variant
+    assert parse_options("cp=auto").label() == ""  # a default value is no variant
     assert KernelOptions.from_dict(o.as_dict()) == o
 
 

@@ -104,7 +104,7 @@ def cp_correct(init, L, M, flag, src, out, arch: str):
     layout); flag `[n_src, H]` int32; src `[n_out - 1, n_long]` int32 row indices into L / M / flag;
     out `[n_out, n_long, H, K, V]` fp32, written.
     """
-    n_long, H, K, V = init.shape
+    _, H, K, V = init.shape
     for name, x in (("init", init), ("L", L), ("M", M), ("flag", flag), ("src", src), ("out", out)):
         if not x.is_contiguous():
             raise ValueError(f"cp_correct: {name} must be contiguous, got strides {x.stride()}")
