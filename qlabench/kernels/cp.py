@@ -27,7 +27,9 @@ CP pays one extra pass plus a correction, so it only helps when those chains lea
     on  iff  the longest sequence has more than L chunks (something to cut) and
              (Be H <= P * 40 / 132  or  (Be H <= P * 56 / 132 and max_chunks >= 128))
 
-(FlashQLA's SM90 thresholds 40 / 56 at 132 SMs, scaled with the SM count).
+(FlashQLA's SM90 thresholds 40 / 56 at 132 SMs, scaled with the SM count). The API's default
+(cp=auto) takes a plan only where our kernels were measured to gain from it, a stricter rule on top of
+this one (`api.cp_rule`: at most 12 effective chains and a 28672+-token sequence).
 
 Tensor-parallel sharding. Upstream plans with the local head count, so a 16-head model run on 4 TP
 ranks (4 heads each) cut its sequences differently from the unsharded run and the results differed
