@@ -54,15 +54,11 @@ CP_MIN_TOKENS = 28672
 
 def cp_rule(plan, heads: int) -> bool:
     """cp=auto's decision for an enabled cp.py ``plan`` of a call with ``heads`` v-heads (see above)."""
-    C = plan.chunk_size
-    tokens = {}
-    for bos, eos, seq in plan.pieces:
-        tokens[seq] = tokens.get(seq, 0) + (eos - bos)
-    longest = max(tokens.values(), default=0)
-    if longest < CP_MIN_TOKENS:
-        return False
-    chunks = sum(-(-n // C) for n in tokens.values())
-    return heads * chunks / -(-longest // C) <= CP_MAX_CHAINS
+    from .cp import effective_chains
+
+    tokens = plan.seq_tokens
+    return (max(tokens, default=0) >= CP_MIN_TOKENS
+            and effective_chains(tokens, heads, plan.chunk_size) <= CP_MAX_CHAINS)
 
 
 def _forward(q, k, v, g, beta, *, scale, initial_state, cu_seqlens, output_final_state, output_h, state_v_first,
@@ -135,12 +131,8 @@ def bwd_cp_plan(q, v, cu_seqlens, options: KernelOptions | None = None):
     plan = _cp_plan(q, v, cu_seqlens, mode=mode)
     if plan is None:
         return None
-    if mode == "auto":
-        longest = {}
-        for bos, eos, seq in plan.pieces:
-            longest[seq] = longest.get(seq, 0) + (eos - bos)
-        if max(longest.values()) < BWD_CP_MIN_TOKENS:
-            return None
+    if mode == "auto" and max(plan.seq_tokens) < BWD_CP_MIN_TOKENS:
+        return None
     return plan
 
 

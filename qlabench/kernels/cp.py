@@ -54,7 +54,7 @@ import torch
 
 from .validate import _host_values
 
-__all__ = ["CPPlan", "build_plan", "choose_piece_chunks", "plan_cp"]
+__all__ = ["CPPlan", "build_plan", "choose_piece_chunks", "effective_chains", "plan_cp"]
 
 ALPHA = 3.0
 MIN_PIECE_CHUNKS = 4
@@ -62,6 +62,14 @@ MIN_PIECE_CHUNKS = 4
 _ON_FRACTION = 40 / 132
 _ON_FRACTION_LONG = 56 / 132
 _LONG_CHUNKS = 128
+
+
+def effective_chains(lengths, heads: int, chunk_size: int) -> float:
+    """Be * H: the (sequence, head) chains of sequences of ``lengths`` tokens counted in units of the
+    longest one (Be = total chunks / the longest sequence's chunks); 0 when there are no chunks."""
+    chunks = [-(-int(n) // chunk_size) for n in lengths]
+    longest = max(chunks, default=0)
+    return heads * sum(chunks) / longest if longest else 0.0
 
 
 def choose_piece_chunks(lengths, heads: int, sm_count: int, chunk_size: int, *, alpha: float = ALPHA,
@@ -82,7 +90,7 @@ def choose_piece_chunks(lengths, heads: int, sm_count: int, chunk_size: int, *, 
         return False, min_piece_chunks
     ideal = alpha * math.sqrt(heads * total / sm_count)
     L = max(min_piece_chunks, 2 ** round(math.log2(max(ideal, 1.0))))
-    busy = heads * total / longest  # Be * H
+    busy = effective_chains(lengths, heads, chunk_size)
     on = longest > L and (busy <= sm_count * _ON_FRACTION
                           or (busy <= sm_count * _ON_FRACTION_LONG and longest >= _LONG_CHUNKS))
     return on, L
@@ -179,6 +187,14 @@ class CPPlan:
     @property
     def n_pieces(self) -> int:
         return len(self.pieces)
+
+    @property
+    def seq_tokens(self) -> list[int]:
+        """Tokens of each sequence (the sum of its pieces)."""
+        tokens = [0] * self.n_seqs
+        for bos, eos, seq in self.pieces:
+            tokens[seq] += eos - bos
+        return tokens
 
     @property
     def pass1_wasted(self) -> int:

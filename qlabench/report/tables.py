@@ -349,10 +349,9 @@ def header_lines(report: Report) -> list[str]:
         for k, v in (e.get("versions") or {}).items():
             if v is not None and str(v) not in versions.setdefault(k, []):
                 versions[k].append(str(v))
-    versions = {k: " / ".join(v) for k, v in versions.items() if v}
     if versions:
         out.append("Library Versions:")
-        out.append("  " + " | ".join(f"{k}: {v}" for k, v in versions.items() if v is not None))
+        out.append("  " + " | ".join(f"{k}: {' / '.join(v)}" for k, v in versions.items()))
     def commit_of(e: dict) -> str:
         return f"{e.get('git_commit') or 'unknown'}" + (" (dirty)" if e.get("git_dirty") else "")
 
