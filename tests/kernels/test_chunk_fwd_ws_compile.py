@@ -48,12 +48,15 @@ def test_chunk_fwd_ws_compiles_sm90a(BV, state_v_first, tmp_path, monkeypatch):
     assert src.count("warpgroup_reg_dealloc<40>") == 1 and src.count("warpgroup_reg_alloc<216>") == 2
     # thread-written tiles (S_s, W_s, Vd_s / Vr_s) fenced before wgmma reads, 3 per chunk and slot
     assert src.count("__sync_thread_partial(1, 128)") == 6
+    # whole chunks' O: staged in shared memory and TMA-stored (bar.sync 2 before and after the staging)
+    assert src.count("tl::tma_store(o_desc") == 2 and src.count("__sync_thread_partial(2, 128)") == 4
     assert src.count("tl::fence_proxy_async();") >= 6
     # the only block-wide barrier is the one after the mbarrier init (a __syncthreads in a role
     # branch would deadlock); TileLang's automatic syncs are off
     assert src.count("__syncthreads()") == 1
     assert src.index("__syncthreads()") < src.index("warpgroup_reg_dealloc")
     assert "__sync_thread_partial(3" not in src and "__sync_thread_partial(4" not in src
+    assert src.count("tl::tma_store_wait<0, true>()") == 3  # before each staging, and at the end
 
     smem = dynamic_shared_memory(kernel)
     assert smem == ws.shared_memory_bytes(D, BV, C), smem

@@ -47,3 +47,32 @@ def store_a_ag(X_s, gam_s, b_s, A, Ag, start, end, by, C: int, dtype: str):
             A[start + i, by, j] = T.cast(X_s[i, j], dtype)
             Ag[start + i, by, j] = T.if_then_else(
                 j <= i, T.cast(T.exp(gam_s[i] - gam_s[j]) * X_s[i, j] * b_s[j], dtype), T.cast(0, dtype))
+
+
+@T.macro
+def store_rows(tile_s, out, start, end, by, C: int):
+    """The chunk's rows of a C x C shared tile to out[start + i, by, :] (a row is C contiguous elements:
+    vector stores of whole 16-byte pieces, not the fragment layout's 2- or 4-byte ones)."""
+    for i, j in T.Parallel(C, C):
+        if start + i < end:
+            out[start + i, by, j] = tile_s[i, j]
+
+
+@T.macro
+def store_pm_staged(qkt, gam_s, Pm_s, Pm, scale, start, end, by, C: int, dtype: str):
+    """store_pm through the shared tile Pm_s."""
+    for i, j in T.Parallel(C, C):
+        Pm_s[i, j] = T.if_then_else(j <= i, T.cast(scale * T.exp(gam_s[i] - gam_s[j]) * qkt[i, j], dtype),
+                                    T.cast(0, dtype))
+    store_rows(Pm_s, Pm, start, end, by, C)
+
+
+@T.macro
+def store_a_ag_staged(X_s, gam_s, b_s, A_s, Ag_s, A, Ag, start, end, by, C: int, dtype: str):
+    """store_a_ag through the shared tiles A_s, Ag_s."""
+    for i, j in T.Parallel(C, C):
+        A_s[i, j] = T.cast(X_s[i, j], dtype)
+        Ag_s[i, j] = T.if_then_else(j <= i, T.cast(T.exp(gam_s[i] - gam_s[j]) * X_s[i, j] * b_s[j], dtype),
+                                    T.cast(0, dtype))
+    store_rows(A_s, A, start, end, by, C)
+    store_rows(Ag_s, Ag, start, end, by, C)

@@ -31,6 +31,11 @@ barrier after the prologue):
     S -> S_s[b] -> K S -> W -> Ag W -> Vd, Vr -> K^T Vr -> S.
   * WG2 output (tx 256..383, set_max_nreg 216 inc): Q S from S_s[b], h_out from S_s[b], Pm Vd from
     Vd_s[b], o stores; runs one chunk behind the state WG at most (b = c % 2 double-buffers S_s, Vd_s).
+    A whole chunk's O goes out through the staging tile O_s and one TMA store (issued by one elected
+    thread, bulk group waited (.read) before O_s is rewritten); the partial last chunk of a sequence
+    is stored row by row (its tail rows belong to the next sequence). ncu at 1x32768 (session 7)
+    showed the register-sourced stores (16-byte row pieces, 54% excess sectors) as the main
+    long-scoreboard stall of the kernel: the next chunk's Q S wgmma waited for their registers.
 
 Per-chunk stage order (slot = b = c % 2, ph = (c // 2) & 1; every mbarrier completes once per use of
 its slot, so the phase to wait for is ph, and ph ^ 1 for "freed by the use two chunks ago", which a
@@ -45,11 +50,14 @@ fresh barrier passes at once):
              S = exp(gam_C) S + K^T Vr (wgmma); arrive empty[slot]
   output:    wait full[slot] (ph); wait s_ready[b] (ph); O = Q S (wgmma); O *= scale e;
              store_h: h_out row from S_s[b]; wait vd_ready[b] (ph); O += Pm Vd (wgmma);
-             arrive o_free[b]; arrive empty[slot]; o rows < eos -> global
+             arrive o_free[b]; arrive empty[slot]; whole chunk: wait the last TMA store's reads,
+             bar.sync(2, 128), O_s = bf16(O), fence, bar.sync(2, 128), TMA store O_s -> o;
+             partial chunk: o rows < eos -> global
 Barriers (mbarrier arrive counts): full[2] = 128 (producer threads; TMA bytes via expect_tx),
 empty[2] = 256 (state + output threads), s_ready[2] = vd_ready[2] = 128 (state threads),
 o_free[2] = 128 (output threads). Named barrier 1 (bar.sync 1, 128): the state WG's own smem writes
-before its wgmma reads (3 per chunk). Thread-written smem read by wgmma is always fenced
+before its wgmma reads (3 per chunk); named barrier 2: the output WG's O_s (free, then written) around
+its TMA store (2 per whole chunk). Thread-written smem read by wgmma is always fenced
 (fence.proxy.async) by the writing threads before the barrier that publishes it.
 TileLang's automatic shared-memory syncs are off (TL_DISABLE_THREAD_STORAGE_SYNC): every hazard is
 covered by the barriers above (write-after-read on S_s / Vd_s by o_free, on W_s / Vr_s / K zeroing
@@ -66,12 +74,12 @@ K^T Vr 128xBVx64; output WG Q S 64xBVx128, Pm Vd 64xBVx64.
 
 Shared memory, from the allocations (bf16 = 2 bytes; C = 64, K = 128):
     ring (2 slots): Q, K 2 x 2 x 16 KB, V 2 x C BV 2, Ag, Pm 2 x 2 x 8 KB, gam 2 x 256 B
-    S_s 2 x K BV 2, Vd_s 2 x C BV 2, W_s, Vr_s C BV 2 each, 10 mbarriers
-  BV = 64: 64 + 16 + 32 + 0.5 + 32 + 16 + 16 = 176.5 KB (+ barriers)
-  BV = 32: 64 +  8 + 32 + 0.5 + 16 +  8 +  8 = 136.5 KB
+    S_s 2 x K BV 2, Vd_s 2 x C BV 2, W_s, Vr_s, O_s C BV 2 each, 10 mbarriers
+  BV = 64: 64 + 16 + 32 + 0.5 + 32 + 16 + 24 = 184.5 KB (+ barriers)
+  BV = 32: 64 +  8 + 32 + 0.5 + 16 +  8 + 12 = 140.5 KB
   (``shared_memory_bytes``; tests/kernels/test_chunk_fwd_ws_compile.py checks it against the launch's
-  dynamic shared memory in the generated host code: 180,736 B at BV = 64 and 139,776 B at BV = 32
-  as compiled, every buffer at its own offset (nothing overlapped); plus 2 KB static (cuobjdump
+  dynamic shared memory in the generated host code, every buffer at its own offset (nothing
+  overlapped); plus 2 KB static (cuobjdump
   SHARED:2048, the mbarriers). Under the 227 KB per block of the H200; one block per SM.)
 Registers: S is K x BV fp32 = 64 (BV = 64) / 32 (BV = 32) registers per state thread; U (C x BV)
 32 / 16; O in the output WG 32 / 16. The 384-thread launch (__launch_bounds__(384, 1)) gets 168 per
@@ -92,6 +100,7 @@ NREG_PRODUCER = 40
 NREG_STATE = 216
 NREG_OUTPUT = 216
 BAR_STATE = 1  # named barrier id of the state warpgroup's internal syncs (0 is __syncthreads)
+BAR_OUTPUT = 2  # the output warpgroup's: O_s free before it is rewritten, written before the TMA store
 
 
 def chunk_fwd_ws_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str,
@@ -110,7 +119,8 @@ def shared_memory_bytes(K: int, BV: int, C: int = 64, elem: int = 2) -> int:
     ring = 2 * (2 * C * K + C * BV + 2 * C * C) * elem + 2 * C * 4  # Q, K, V, Ag, Pm, gam per slot
     handoff = 2 * (K * BV + C * BV) * elem  # S_s, Vd_s per parity
     scratch = 2 * C * BV * elem  # W_s, Vr_s
-    return ring + handoff + scratch
+    o_stage = C * BV * elem  # O_s, the output warpgroup's TMA-store staging tile
+    return ring + handoff + scratch + o_stage
 
 
 @functools.cache
@@ -185,7 +195,7 @@ def _chunk_fwd_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: s
 
     @T.macro
     def output_step(slot: int, c, n_run, bos, eos, skip, n, h, v0, scale, store_h, chunk_offsets, h_out, o,
-                    Q_s, P_s, gam_s, S_s, Vd_s, O_f, full, empty, s_ready, vd_ready, o_free):
+                    Q_s, P_s, gam_s, S_s, Vd_s, O_f, O_s, full, empty, s_ready, vd_ready, o_free):
         if c < n_run:
             ph = (c // 2) & 1
             t0 = bos + (skip + c) * C
@@ -204,9 +214,19 @@ def _chunk_fwd_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: s
             T.gemm(P_s, Vd_s, O_f)
             T.mbarrier_arrive(o_free[slot])
             T.mbarrier_arrive(empty[slot])
-            for i, j in T.Parallel(C, BV):
-                if t0 + i < eos:
-                    o[t0 + i, h, v0 + j] = T.cast(O_f[i, j], dtype)
+            if t0 + C <= eos:
+                # a whole chunk: O through shared memory and one TMA store (coalesced rows; the
+                # registers are free at once). The previous store has read O_s before it is rewritten.
+                T.tma_store_wait(0)
+                T.sync_threads(BAR_OUTPUT, 128)
+                T.copy(O_f, O_s)
+                T.fence_proxy_async()
+                T.sync_threads(BAR_OUTPUT, 128)
+                T.tma_copy(O_s, o[t0:t0 + C, h, v0:v0 + BV])
+            else:  # the sequence's last, partial chunk: only its rows (the next sequence owns the rest)
+                for i, j in T.Parallel(C, BV):
+                    if t0 + i < eos:
+                        o[t0 + i, h, v0 + j] = T.cast(O_f[i, j], dtype)
 
     def chunk_fwd_ws(
         q: T.Tensor((n_tok, h_qk, K), dtype),
@@ -250,6 +270,8 @@ def _chunk_fwd_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: s
             # state warpgroup scratch
             W_s = T.alloc_shared((C, BV), dtype)
             Vr_s = T.alloc_shared((C, BV), dtype)
+            # output warpgroup: O of a whole chunk on its way to the TMA store
+            O_s = T.alloc_shared((C, BV), dtype)
             full = T.alloc_barrier([128, 128])
             empty = T.alloc_barrier([256, 256])
             s_ready = T.alloc_barrier([128, 128])
@@ -301,10 +323,12 @@ def _chunk_fwd_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: s
                 T.set_max_nreg(NREG_OUTPUT, 1)
                 for p in T.serial(n_pairs):
                     output_step(0, 2 * p, n_run, bos, eos, skip, n, h, v0, scale, store_h, chunk_offsets,
-                                h_out, o, Q0, P0, G0, S0, D0, O_f, full, empty, s_ready, vd_ready, o_free)
+                                h_out, o, Q0, P0, G0, S0, D0, O_f, O_s, full, empty, s_ready, vd_ready,
+                                o_free)
                     output_step(1, 2 * p + 1, n_run, bos, eos, skip, n, h, v0, scale, store_h,
-                                chunk_offsets, h_out, o, Q1, P1, G1, S1, D1, O_f, full, empty, s_ready,
-                                vd_ready, o_free)
+                                chunk_offsets, h_out, o, Q1, P1, G1, S1, D1, O_f, O_s, full, empty,
+                                s_ready, vd_ready, o_free)
+                T.tma_store_wait(0)
                 if n == n_cu - 2:
                     for c in T.serial(T.ceildiv(n_tok - eos, C)):
                         for i, j in T.Parallel(C, BV):

@@ -23,7 +23,12 @@ Grid: (NCmax chunks, H_v); blocks past the real chunk count exit. Threads: 128 (
     (A plain 64-row substitution was a 64-step serial chain per column and dominated the forward.)
     The three inverse steps are TileLang macros in common/tri_inverse.py, shared with blackwell/.
   * Q K^T on tensor cores; masks applied in fp32 (exp of gam_i - gam_j <= 0 only).
-  * Rows of the chunk are stored as bf16 (row t of A, Ag, Pm holds token t's row of its chunk).
+  * Rows of the chunk are stored as bf16 (row t of A, Ag, Pm holds token t's row of its chunk),
+    staged in C x C bf16 shared tiles and written as whole 16-byte row pieces (common/kkt_solve.py
+    store_rows): straight from the wgmma fragment / X_s the stores were 2-byte scalars (a third of
+    the kernel's sectors excess in ncu); staged, 300 vs 336 us at 1x32768 hk16_hv16, 1122 vs 1272 at
+    hk16_hv64 (H200, session 7). The stage tiles take the place of dead buffers (TileLang overlaps
+    them by lifetime): the shared memory per block is unchanged.
 Shared memory: Q, K 64x128 bf16 (32 KB) + L and X 64x64 fp32 (32 KB) + product scratch 32x32 fp32
 (4 KB) + beta, gam: ~69 KB declared; TileLang overlaps buffers by lifetime (37 KB per block as compiled
 before the tensor-core merge, ncu).
@@ -36,7 +41,7 @@ import functools
 import tilelang.language as T
 
 from ..common.build import compile_for
-from ..common.kkt_solve import build_l, load_chunk, store_a_ag, store_pm
+from ..common.kkt_solve import build_l, load_chunk, store_a_ag_staged, store_pm_staged
 from ..common.tri_inverse import invert_diag_blocks, merge_32_to_64, merge_pairs
 
 
@@ -73,6 +78,9 @@ def kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str)
             kkt = T.alloc_fragment((C, C), "float32")
             M_s = T.alloc_shared((C // 2, C // 2), "float32")
             M_f = T.alloc_fragment((C // 2, C // 2), "float32")
+            Pm_s = T.alloc_shared((C, C), dtype)
+            A_s = T.alloc_shared((C, C), dtype)
+            Ag_s = T.alloc_shared((C, C), dtype)
             acc = T.alloc_var("float32")
             tx = T.get_thread_binding()
             start = chunk_bounds[c, 0]
@@ -82,7 +90,7 @@ def kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str)
                 load_chunk(q, k, g_cumsum, beta, K_s, Q_s, b_s, gam_s, start, end, h, hk, C, K, dtype)
                 T.gemm(K_s, K_s, kkt, transpose_B=True, clear_accum=True)
                 T.gemm(Q_s, K_s, qkt, transpose_B=True, clear_accum=True)
-                store_pm(qkt, gam_s, Pm, scale, start, end, h, C, dtype)
+                store_pm_staged(qkt, gam_s, Pm_s, Pm, scale, start, end, h, C, dtype)
                 build_l(kkt, b_s, L_s, X_s, C)
                 # 16 x 16 diagonal blocks: forward substitution, one thread per (block, column)
                 invert_diag_blocks(L_s, X_s, acc, tx, C, DIAG)
@@ -90,6 +98,6 @@ def kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str)
                 merge_pairs(L_s, X_s, M_s, tx, C, DIAG, THREADS)  # 16 -> 32
                 if C == 4 * DIAG:  # 32 -> 64: two 32 x 32 x 32 products on tensor cores (tf32)
                     merge_32_to_64(L_s, X_s, M_s, M_f, C)
-                store_a_ag(X_s, gam_s, b_s, A, Ag, start, end, h, C, dtype)
+                store_a_ag_staged(X_s, gam_s, b_s, A_s, Ag_s, A, Ag, start, end, h, C, dtype)
 
     return compile_for(kkt_solve, arch)
