@@ -22,31 +22,12 @@ def load_chunk(q, k, g_cumsum, beta, K_s, Q_s, b_s, gam_s, start, end, by, hk, C
 
 
 @T.macro
-def store_pm(qkt, gam_s, Pm, scale, start, end, by, C: int, dtype: str):
-    """Pm = scale Gam .* Q K^T (Q K^T in qkt), the chunk's rows only."""
-    for i, j in T.Parallel(C, C):
-        if start + i < end:
-            Pm[start + i, by, j] = T.if_then_else(
-                j <= i, T.cast(scale * T.exp(gam_s[i] - gam_s[j]) * qkt[i, j], dtype), T.cast(0, dtype))
-
-
-@T.macro
 def build_l(kkt, b_s, L_s, X_s, C: int):
     """L = strict_lower(diag(beta) K K^T) (K K^T in kkt) and X = 0, then a block barrier."""
     for i, j in T.Parallel(C, C):
         L_s[i, j] = T.if_then_else(j < i, b_s[i] * kkt[i, j], 0.0)
         X_s[i, j] = 0.0
     T.sync_threads()
-
-
-@T.macro
-def store_a_ag(X_s, gam_s, b_s, A, Ag, start, end, by, C: int, dtype: str):
-    """A = X (the inverse) and Ag = Gam .* A .* beta_col, the chunk's rows only."""
-    for i, j in T.Parallel(C, C):
-        if start + i < end:
-            A[start + i, by, j] = T.cast(X_s[i, j], dtype)
-            Ag[start + i, by, j] = T.if_then_else(
-                j <= i, T.cast(T.exp(gam_s[i] - gam_s[j]) * X_s[i, j] * b_s[j], dtype), T.cast(0, dtype))
 
 
 @T.macro
@@ -59,8 +40,8 @@ def store_rows(tile_s, out, start, end, by, C: int):
 
 
 @T.macro
-def store_pm_staged(qkt, gam_s, Pm_s, Pm, scale, start, end, by, C: int, dtype: str):
-    """store_pm through the shared tile Pm_s."""
+def store_pm(qkt, gam_s, Pm_s, Pm, scale, start, end, by, C: int, dtype: str):
+    """Pm = scale Gam .* Q K^T (Q K^T in qkt) through the C x C shared tile Pm_s, the chunk's rows only."""
     for i, j in T.Parallel(C, C):
         Pm_s[i, j] = T.if_then_else(j <= i, T.cast(scale * T.exp(gam_s[i] - gam_s[j]) * qkt[i, j], dtype),
                                     T.cast(0, dtype))
@@ -68,8 +49,9 @@ def store_pm_staged(qkt, gam_s, Pm_s, Pm, scale, start, end, by, C: int, dtype: 
 
 
 @T.macro
-def store_a_ag_staged(X_s, gam_s, b_s, A_s, Ag_s, A, Ag, start, end, by, C: int, dtype: str):
-    """store_a_ag through the shared tiles A_s, Ag_s."""
+def store_a_ag(X_s, gam_s, b_s, A_s, Ag_s, A, Ag, start, end, by, C: int, dtype: str):
+    """A = X (the inverse) and Ag = Gam .* A .* beta_col through the C x C shared tiles A_s, Ag_s, the
+    chunk's rows only."""
     for i, j in T.Parallel(C, C):
         A_s[i, j] = T.cast(X_s[i, j], dtype)
         Ag_s[i, j] = T.if_then_else(j <= i, T.cast(T.exp(gam_s[i] - gam_s[j]) * X_s[i, j] * b_s[j], dtype),

@@ -41,7 +41,7 @@ import functools
 import tilelang.language as T
 
 from ..common.build import compile_for
-from ..common.kkt_solve import build_l, load_chunk, store_a_ag_staged, store_pm_staged
+from ..common.kkt_solve import build_l, load_chunk, store_a_ag, store_pm
 from ..common.tri_inverse import invert_diag_blocks, merge_32_to_64, merge_pairs
 
 
@@ -90,7 +90,7 @@ def kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str)
                 load_chunk(q, k, g_cumsum, beta, K_s, Q_s, b_s, gam_s, start, end, h, hk, C, K, dtype)
                 T.gemm(K_s, K_s, kkt, transpose_B=True, clear_accum=True)
                 T.gemm(Q_s, K_s, qkt, transpose_B=True, clear_accum=True)
-                store_pm_staged(qkt, gam_s, Pm_s, Pm, scale, start, end, h, C, dtype)
+                store_pm(qkt, gam_s, Pm_s, Pm, scale, start, end, h, C, dtype)
                 build_l(kkt, b_s, L_s, X_s, C)
                 # 16 x 16 diagonal blocks: forward substitution, one thread per (block, column)
                 invert_diag_blocks(L_s, X_s, acc, tx, C, DIAG)
@@ -98,6 +98,6 @@ def kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str)
                 merge_pairs(L_s, X_s, M_s, tx, C, DIAG, THREADS)  # 16 -> 32
                 if C == 4 * DIAG:  # 32 -> 64: two 32 x 32 x 32 products on tensor cores (tf32)
                     merge_32_to_64(L_s, X_s, M_s, M_f, C)
-                store_a_ag_staged(X_s, gam_s, b_s, A_s, Ag_s, A, Ag, start, end, h, C, dtype)
+                store_a_ag(X_s, gam_s, b_s, A_s, Ag_s, A, Ag, start, end, h, C, dtype)
 
     return compile_for(kkt_solve, arch)

@@ -17,17 +17,22 @@ over the group's v-heads h = hk * group + g:
   1. load gam (and beta) of h, store Pm from the Q K^T fragment (qkt dies after this loop);
   2. load beta, gam of h, build L from K K^T, the blockwise inverse (the unchanged macros of
      common/tri_inverse.py), store A and Ag.
-store_pm / build_l / store_a_ag are common/kkt_solve.py's, unchanged (they take the v-head as ``by``;
-an expression works); the Q / K load and the per-head beta / gam load are load_chunk's two halves,
-split out here because this kernel needs them at different times. Same signature, outputs and row
+store_pm / build_l / store_a_ag are common/kkt_solve.py's, unchanged (the stores staged through the
+tiles Pm_s, A_s, Ag_s; they take the v-head as ``by``; an expression works); the Q / K load and the
+per-head beta / gam load are load_chunk's two halves, split out here because this kernel needs them
+at different times. Same signature, outputs and row
 convention as kkt_solve (rows past a sequence end are not written), so the host swaps them.
 K K^T across loop 2: ``kkt_shared`` (default) copies it once to a 64 x 64 fp32 shared tile (exact, the
 same fp32 values build_l reads from the fragment in kkt_solve); ``kkt_shared=False`` keeps it in the
 wgmma fragment (32 registers per thread live across the loop). Compiled for sm_90a (cuobjdump
 -res-usage, TileLang 0.1.15, any group, split 1 or 2):
-      kkt_shared   53,760 B dynamic smem, 128 registers, LOCAL:0  -> 4 blocks (16 warps) per SM
-      fragment     37,376 B dynamic smem, 156-158 registers, LOCAL:0 -> 3 blocks (12 warps) per SM
+      kkt_shared   70,144 B dynamic smem, 128 registers, LOCAL:0  -> 3 blocks (12 warps) per SM
+      fragment     53,760 B dynamic smem, 156-158 registers, LOCAL:0 -> 3 blocks (12 warps) per SM
       (kkt_solve   37,376 B, 90 registers -> 5 blocks per SM)
+  (since session 7 both include the three 8 KB bf16 stage tiles of common/kkt_solve.py's row stores,
+  which kkt_solve overlaps with dead buffers and this kernel's v-head loops do not: kkt_shared lost
+  its fourth block per SM. Its timings in NOTES.md predate that and kkt_solve's own staged stores
+  (12% off kkt_solve); not re-measured.)
   The fragment version's registers are not the fragments alone: a one-iteration loop (group 1)
   compiles to 93; ptxas keeps more live across a real loop. Which one wins is for the GPU to say
   (tools: call the factory with kkt_shared=False); forward.py takes the default.
@@ -124,6 +129,9 @@ def kkt_solve_grouped_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, ar
             kkt_s = T.alloc_shared((C, C) if kkt_shared else (1, 1), "float32")
             M_s = T.alloc_shared((C // 2, C // 2), "float32")
             M_f = T.alloc_fragment((C // 2, C // 2), "float32")
+            Pm_s = T.alloc_shared((C, C), dtype)  # stage tiles of the row stores (common/kkt_solve.py)
+            A_s = T.alloc_shared((C, C), dtype)
+            Ag_s = T.alloc_shared((C, C), dtype)
             acc = T.alloc_var("float32")
             tx = T.get_thread_binding()
             start = chunk_bounds[c, 0]
@@ -141,7 +149,7 @@ def kkt_solve_grouped_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, ar
                     T.sync_threads()  # gam_s of v-head g - 1 read by every thread
                     load_beta_gam(g_cumsum, beta, b_s, gam_s, start, end, h0 + g, C)
                     T.sync_threads()
-                    store_pm(qkt, gam_s, Pm, scale, start, end, h0 + g, C, dtype)
+                    store_pm(qkt, gam_s, Pm_s, Pm, scale, start, end, h0 + g, C, dtype)
                 for g in T.unroll(per_block, unroll_factor=1):
                     # v-head g - 1's store_a_ag (at g = 0: the Pm loop's reads of gam_s and the products'
                     # reads of K_s, Q_s, which L_s, X_s overlap) done before b_s, gam_s, L_s, X_s are rewritten
@@ -158,6 +166,6 @@ def kkt_solve_grouped_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, ar
                     merge_pairs(L_s, X_s, M_s, tx, C, DIAG, THREADS)  # 16 -> 32
                     if C == 4 * DIAG:  # 32 -> 64: two 32 x 32 x 32 products on tensor cores (tf32)
                         merge_32_to_64(L_s, X_s, M_s, M_f, C)
-                    store_a_ag(X_s, gam_s, b_s, A, Ag, start, end, h0 + g, C, dtype)
+                    store_a_ag(X_s, gam_s, b_s, A_s, Ag_s, A, Ag, start, end, h0 + g, C, dtype)
 
     return compile_for(kkt_solve_grouped, arch)
