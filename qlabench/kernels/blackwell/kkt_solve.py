@@ -81,7 +81,7 @@ def kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str)
             A_s = T.alloc_shared((C, C), dtype)
             Ag_s = T.alloc_shared((C, C), dtype)
             done = T.alloc_barrier([1, 1])  # K K^T, Q K^T complete
-            acc = T.alloc_var("float32")
+            x_col = T.alloc_local((DIAG,), "float32")  # invert_diag_blocks' column of X
             tx = T.get_thread_binding()
             start = chunk_bounds[c, 0]
             end = chunk_bounds[c, 1]
@@ -102,7 +102,7 @@ def kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str)
                 T.copy(kkt_t, kkt)
                 build_l(kkt, b_s, L_s, X_s, C)
                 # 16 x 16 diagonal blocks: forward substitution, one thread per (block, column)
-                invert_diag_blocks(L_s, X_s, acc, tx, C, DIAG)
+                invert_diag_blocks(L_s, X_s, x_col, tx, C, DIAG)
                 merge_pairs(L_s, X_s, M_s, tx, C, DIAG, THREADS)  # 16 -> 32, CUDA cores
                 # 32 -> 64: X21 = -X22 (L21 X11), two 32 x 32 x 32 fp32 products (mma.sync, tf32)
                 merge_32_to_64(L_s, X_s, M_s, M_f, C)

@@ -31,7 +31,8 @@ wgmma fragment (32 registers per thread live across the loop). Compiled for sm_9
       (kkt_solve   37,376 B, 90 registers -> 5 blocks per SM)
   (since session 7 both include the three 8 KB bf16 stage tiles of common/kkt_solve.py's row stores,
   which kkt_solve overlaps with dead buffers and this kernel's v-head loops do not: kkt_shared lost
-  its fourth block per SM. Its timings in NOTES.md predate that and kkt_solve's own staged stores
+  its fourth block per SM; the register-column diagonal inverse kkt_solve uses would take 194
+  registers here, so this kernel keeps the row-by-row one, in_registers=False). Its timings in NOTES.md predate that and kkt_solve's own staged stores
   (12% off kkt_solve); not re-measured.)
   The fragment version's registers are not the fragments alone: a one-iteration loop (group 1)
   compiles to 93; ptxas keeps more live across a real loop. Which one wins is for the GPU to say
@@ -132,7 +133,7 @@ def kkt_solve_grouped_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, ar
             Pm_s = T.alloc_shared((C, C), dtype)  # stage tiles of the row stores (common/kkt_solve.py)
             A_s = T.alloc_shared((C, C), dtype)
             Ag_s = T.alloc_shared((C, C), dtype)
-            acc = T.alloc_var("float32")
+            x_acc = T.alloc_local((1,), "float32")  # invert_diag_blocks' running sum (in_registers=False)
             tx = T.get_thread_binding()
             start = chunk_bounds[c, 0]
             end = chunk_bounds[c, 1]
@@ -161,7 +162,7 @@ def kkt_solve_grouped_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, ar
                     else:
                         build_l(kkt, b_s, L_s, X_s, C)
                     # 16 x 16 diagonal blocks: forward substitution, one thread per (block, column)
-                    invert_diag_blocks(L_s, X_s, acc, tx, C, DIAG)
+                    invert_diag_blocks(L_s, X_s, x_acc, tx, C, DIAG, in_registers=False)
                     # merge by doubling: X21 = -X22 (L21 X11) for every pair of s-blocks
                     merge_pairs(L_s, X_s, M_s, tx, C, DIAG, THREADS)  # 16 -> 32
                     if C == 4 * DIAG:  # 32 -> 64: two 32 x 32 x 32 products on tensor cores (tf32)
