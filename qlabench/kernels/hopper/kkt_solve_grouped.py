@@ -28,12 +28,12 @@ wgmma fragment (32 registers per thread live across the loop). Compiled for sm_9
 -res-usage, TileLang 0.1.15, any group, split 1 or 2):
       kkt_shared   70,144 B dynamic smem, 128 registers, LOCAL:0  -> 3 blocks (12 warps) per SM
       fragment     53,760 B dynamic smem, 156-158 registers, LOCAL:0 -> 3 blocks (12 warps) per SM
-      (kkt_solve   37,376 B, 90 registers -> 5 blocks per SM)
-  (since session 7 both include the three 8 KB bf16 stage tiles of common/kkt_solve.py's row stores,
+      (kkt_solve   37,376 B, 96 registers -> 5 blocks per SM)
+  Since session 7 both include the three 8 KB bf16 stage tiles of common/kkt_solve.py's row stores,
   which kkt_solve overlaps with dead buffers and this kernel's v-head loops do not: kkt_shared lost
-  its fourth block per SM; the register-column diagonal inverse kkt_solve uses would take 194
-  registers here, so this kernel keeps the row-by-row one, in_registers=False). Its timings in NOTES.md predate that and kkt_solve's own staged stores
-  (12% off kkt_solve); not re-measured.)
+  its fourth block per SM. The register-column diagonal inverse kkt_solve uses would take 194
+  registers here, so this kernel keeps the row-by-row one (in_registers=False). Its timings in
+  NOTES.md predate both and kkt_solve's own 25% since; not re-measured.
   The fragment version's registers are not the fragments alone: a one-iteration loop (group 1)
   compiles to 93; ptxas keeps more live across a real loop. Which one wins is for the GPU to say
   (tools: call the factory with kkt_shared=False); forward.py takes the default.
@@ -45,8 +45,8 @@ fill the GPU (forward.kkt_group_split), each half recomputing the two products.
 Threads: 128 (one warpgroup), as kkt_solve.
 Shared memory: Q, K 64x128 bf16 (32 KB, dead after the products; TileLang overlaps L_s, X_s or
 kkt_s, b_s with them), L and X 64x64 fp32 (32 KB), kkt_s 64x64 fp32 (16 KB, kkt_shared only), M_s
-32x32 fp32 (4 KB), beta, gam (512 B): the numbers above; the compile test bounds them (227 KB per
-block; 4 blocks per SM with kkt_shared).
+32x32 fp32 (4 KB), beta, gam (512 B), the Pm / A / Ag stage tiles 3 x 8 KB: the numbers above; the
+compile test bounds them (227 KB per block; 3 blocks per SM).
 Barriers across loop iterations: each loop body starts with a block barrier, so v-head g + 1's writes
 of b_s, gam_s (its load) and of L_s, X_s (build_l) wait until every thread finished reading them in
 v-head g's last step (store_pm / store_a_ag), and loop 2's first iteration waits for loop 1's reads
