@@ -79,8 +79,8 @@ Shared memory, from the allocations (bf16 = 2 bytes; C = 64, K = 128):
   BV = 32: 64 +  8 + 32 + 0.5 + 16 +  8 + 12 = 140.5 KB
   (``shared_memory_bytes``; tests/kernels/test_chunk_fwd_ws_compile.py checks it against the launch's
   dynamic shared memory in the generated host code, every buffer at its own offset (nothing
-  overlapped); plus 2 KB static (cuobjdump
-  SHARED:2048, the mbarriers). Under the 227 KB per block of the H200; one block per SM.)
+  overlapped); plus 2 KB static (cuobjdump SHARED:2048, the mbarriers). Under the 227 KB per block of
+  the H200; one block per SM.)
 Registers: S is K x BV fp32 = 64 (BV = 64) / 32 (BV = 32) registers per state thread; U (C x BV)
 32 / 16; O in the output WG 32 / 16. The 384-thread launch (__launch_bounds__(384, 1)) gets 168 per
 thread (cuobjdump -res-usage: REG:168, LOCAL:0, no spills at BV = 64); set_max_nreg quotas

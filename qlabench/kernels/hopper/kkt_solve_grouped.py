@@ -20,8 +20,8 @@ over the group's v-heads h = hk * group + g:
 store_pm / build_l / store_a_ag are common/kkt_solve.py's, unchanged (the stores staged through the
 tiles Pm_s, A_s, Ag_s; they take the v-head as ``by``; an expression works); the Q / K load and the
 per-head beta / gam load are load_chunk's two halves, split out here because this kernel needs them
-at different times. Same signature, outputs and row
-convention as kkt_solve (rows past a sequence end are not written), so the host swaps them.
+at different times. Same signature, outputs and row convention as kkt_solve (rows past a sequence end
+are not written), so the host swaps them.
 K K^T across loop 2: ``kkt_shared`` (default) copies it once to a 64 x 64 fp32 shared tile (exact, the
 same fp32 values build_l reads from the fragment in kkt_solve); ``kkt_shared=False`` keeps it in the
 wgmma fragment (32 registers per thread live across the loop). Compiled for sm_90a (cuobjdump
