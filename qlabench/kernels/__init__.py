@@ -40,15 +40,18 @@ def cp_mode(options: KernelOptions | None = None) -> str:
     return option_value(options, "cp")
 
 
-# cp=auto's rule (the default), measured on the H200 (results/h200/NOTES.md, session 6: cp-ab.json, the
-# one-launch correction chain). CP pays where few (sequence, v-head) chains run long: forward 0.82 vs
-# 0.98 ms and backward 1.76 vs 2.48 at hk2_hv8 1x32768 (8 chains), 0.81 vs 0.89 and 1.75 vs 2.25 at
-# hk2_hv8 28672+4096 (10.3 effective chains). At 16 chains over 32768 tokens (hk4_hv16, hk16_hv16) the
-# slower forward and faster backward cancel (forward + backward within 1%), at 8192 tokens the forward
-# loses (hk2_hv8 1x8192: 0.34 vs 0.26 ms), and at 32+ chains both lose. So: cp.py's plan must turn on,
-# and the call must have at most CP_MAX_CHAINS effective chains (H_v * total chunks / longest sequence's
-# chunks, cp.py's Be * H) and a sequence of at least CP_MIN_TOKENS tokens (the shortest measured win).
-CP_MAX_CHAINS = 12
+# cp=auto's rule (the default), measured on the H200 (results/h200/NOTES.md, sessions 6 and 8). CP pays
+# where few (sequence, v-head) chains run long: forward 0.82 vs 0.98 ms and backward 1.76 vs 2.48 at
+# hk2_hv8 1x32768 (8 chains), 0.81 vs 0.89 and 1.75 vs 2.25 at hk2_hv8 28672+4096 (10.3 effective
+# chains); at 8192 tokens the forward loses (hk2_hv8 1x8192: 0.34 vs 0.26 ms), and at 32+ chains both
+# lost. At 16 chains over 32768 tokens the slower forward and faster backward cancelled in session 6;
+# since the pieces' passes run chunk_fwd_wy (BV 64) and the CP backward reuses the forward chain's
+# transitions (session 8, kernel sums, us), CP wins both there: hk16_hv16 1x32768 forward 1003 vs 1034,
+# backward 2885 vs 3487 (hk4_hv16 1x32768 with CP: forward 990, backward 2545). So: cp.py's
+# plan must turn on, and the call must have at most CP_MAX_CHAINS effective chains (H_v * total chunks /
+# longest sequence's chunks, cp.py's Be * H) and a sequence of at least CP_MIN_TOKENS tokens (the
+# shortest measured win).
+CP_MAX_CHAINS = 16
 CP_MIN_TOKENS = 28672
 
 
@@ -65,7 +68,7 @@ def _forward(q, k, v, g, beta, *, scale, initial_state, cu_seqlens, output_final
              options: KernelOptions | None = None):
     """The forward kernels, with intra-card CP (forward_cp.py) when the plan turns it on.
 
-    Returns chunk_gated_delta_rule_fwd's five entries plus ``cp`` = (plan, h0_pieces) when CP ran,
+    Returns chunk_gated_delta_rule_fwd's five entries plus ``cp`` = (plan, h0_pieces, transitions) when CP ran,
     else None: the backward runs its CP mirror (backward_cp.py) from the same pieces.
     """
     from .forward import chunk_gated_delta_rule_fwd
@@ -74,11 +77,11 @@ def _forward(q, k, v, g, beta, *, scale, initial_state, cu_seqlens, output_final
     if plan is not None:
         from .forward_cp import chunk_gated_delta_rule_fwd_cp
 
-        *out, h0_pieces = chunk_gated_delta_rule_fwd_cp(
+        *out, h0_pieces, transitions = chunk_gated_delta_rule_fwd_cp(
             q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
             output_final_state=output_final_state, state_v_first=state_v_first, plan=plan,
             transition="always", return_piece_states=True, options=options)  # "always": no host read
-        return (*out, (plan, h0_pieces))
+        return (*out, (plan, h0_pieces, transitions))
     out = chunk_gated_delta_rule_fwd(
         q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
         output_final_state=output_final_state, output_h=output_h, state_v_first=state_v_first,
@@ -165,12 +168,13 @@ class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
         args = (q, k, v, g_cumsum, beta, A, do.contiguous(), dht)
         kw = {"scale": ctx.scale, "initial_state": initial_state, "cu_seqlens": cu_seqlens,
               "state_v_first": ctx.state_v_first, "options": getattr(ctx, "options", None)}
-        plan, h0_pieces = ctx.cp if ctx.cp is not None else (bwd_cp_plan(q, v, cu_seqlens, kw["options"]), None)
-        if plan is not None:  # the forward's pieces (and piece states), or the backward's own
+        plan, h0_pieces, transitions = (ctx.cp if ctx.cp is not None
+                                        else (bwd_cp_plan(q, v, cu_seqlens, kw["options"]), None, None))
+        if plan is not None:  # the forward's pieces (piece states, chain transitions), or the backward's own
             from .backward_cp import chunk_gated_delta_rule_bwd_cp
 
             dq, dk, dv, dbeta, dg, dh0 = chunk_gated_delta_rule_bwd_cp(
-                *args, **kw, plan=plan, h0_pieces=h0_pieces, transition="always")
+                *args, **kw, plan=plan, h0_pieces=h0_pieces, transitions=transitions, transition="always")
         else:
             dq, dk, dv, dbeta, dg, dh0 = chunk_gated_delta_rule_bwd(*args, **kw)
         return (dq, dk, dv, dg.to(ctx.g_dtype), dbeta.to(beta.dtype), None,

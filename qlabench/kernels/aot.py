@@ -61,9 +61,10 @@ def forward_kernels(h_qk: int, h_v: int, arch: str, dtype: str = "bfloat16",
         ("cp_correct", f"H={h_v} BV={BV_CORRECT}",
          lambda: cp_correct_kernel(h_v, HEAD_DIM, HEAD_DIM, BV_CORRECT, a.name)),
     ]
-    # the A/B recurrences and, where the arch has it, the warp-specialized one (sm90's default; the
-    # backward's h recompute runs it too, key-first)
-    recurrence_roles = [r for r in ("chunk_fwd", "chunk_fwd_pipelined", "chunk_fwd_ws") if has_kernel(a, r)]
+    # the A/B recurrences and, where the arch has them, the warp-specialized ones (sm90's defaults: ws
+    # at BV 32, wy at BV 64)
+    recurrence_roles = [r for r in ("chunk_fwd", "chunk_fwd_pipelined", "chunk_fwd_ws", "chunk_fwd_wy")
+                        if has_kernel(a, r)]
     for vf in state_layouts:
         for bv in VALUE_TILES:
             for name in recurrence_roles:

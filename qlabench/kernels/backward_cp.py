@@ -91,7 +91,7 @@ import torch
 from .common.chunks import chunk_table, f32_buffers
 from .common.cp_correct import cp_correct
 from .cp import CPPlan, plan_cp
-from .forward_cp import ForwardKernels, check_cp_arguments, piece_initial_states
+from .forward_cp import ForwardKernels, PieceTransitions, check_cp_arguments, piece_initial_states
 
 __all__ = ["BackwardCPKernels", "chunk_gated_delta_rule_bwd_cp"]
 
@@ -114,8 +114,8 @@ class BackwardCPKernels:
 def chunk_gated_delta_rule_bwd_cp(
     q, k, v, g_cumsum, beta, A, do, dht=None, scale=None, initial_state=None, cu_seqlens=None,
     state_v_first=False, plan: CPPlan | None = None, decay_threshold: float | None = -10.0, *,
-    h0_pieces: torch.Tensor | None = None, plan_heads: int | None = None, transition: str = "auto",
-    options=None,
+    h0_pieces: torch.Tensor | None = None, transitions: PieceTransitions | None = None,
+    plan_heads: int | None = None, transition: str = "auto", options=None,
 ):
     """`backward.chunk_gated_delta_rule_bwd` with intra-card CP (see the module docstring).
 
@@ -125,6 +125,10 @@ def chunk_gated_delta_rule_bwd_cp(
         decay_threshold: negative float (drop M^T where a piece decays below e^threshold) or None.
         h0_pieces: the initial state of every piece of ``plan`` from the CP forward
             (`[P, H_v, K, V]`, `[P, H_v, V, K]` with ``state_v_first``), or None: recomputed here.
+        transitions: the CP forward's `forward_cp.PieceTransitions` (its seventh entry with
+            return_piece_states), or None: the transition pass runs here. Given, their M^T and
+            truncation decisions (the forward's, made by the same rule) replace the pass. With
+            h0_pieces None the recompute's own transitions serve the same way.
         plan_heads, transition: as forward_cp.chunk_gated_delta_rule_fwd_cp.
         options: `options.KernelOptions` (``bwd_dh`` picks the reverse pass, ``fwd_kernel`` the
             recurrence of the S_in recompute); None: the QLABENCH_BWD_DH / QLABENCH_FWD_KERNEL switches.
@@ -152,7 +156,7 @@ def chunk_gated_delta_rule_bwd_cp(
                                                   bwd_dh), cp_correct,
                                 _device_kernels(arch, fwd_kernel) if h0_pieces is None else None)
     return _bwd_cp(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, state_v_first, plan,
-                   decay_threshold, transition, h0_pieces, kernels, arch, sms)
+                   decay_threshold, transition, h0_pieces, kernels, arch, sms, transitions)
 
 
 def _chunk_gate_prefix(g2: torch.Tensor, bounds: torch.Tensor):
@@ -171,7 +175,8 @@ def _chunk_gate_prefix(g2: torch.Tensor, bounds: torch.Tensor):
 
 
 def _bwd_cp(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, state_v_first, plan,
-            decay_threshold, transition, h0_pieces, kernels: BackwardCPKernels, arch, sms: int):
+            decay_threshold, transition, h0_pieces, kernels: BackwardCPKernels, arch, sms: int,
+            transitions: PieceTransitions | None = None):
     """The orchestration; ``kernels`` are the device kernels or their float64 twins."""
     from .backward import _zero_padding_tail, chunk_grads
 
@@ -215,7 +220,6 @@ def _bwd_cp(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, s
     fac = torch.empty(ncmax, H, 3, C, dtype=f32, device=dev)
     # (a) masks and factors of every chunk.
     bwd["bwd_prepare"](q2, k2, g2, b2, A2, bounds, Pg, Ag, fac, p.scale)
-    gate_prefix = _chunk_gate_prefix(g2, bounds)
 
     # (b) the initial state of every piece.
     if h0_pieces is not None:
@@ -223,8 +227,8 @@ def _bwd_cp(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, s
     else:
         # forward_cp's launches in the [K, V] layout (state_v_first=False kernels); dvp is scratch
         # for the discarded outputs (the final reverse pass overwrites it).
-        S_in = piece_initial_states(p, plan, False, q2, k2, v2, g2, Ag, Pg, user_h0, decay_threshold,
-                                    transition, kernels.fwd, arch, sms, dvp)
+        S_in, transitions = piece_initial_states(p, plan, False, q2, k2, v2, g2, Ag, Pg, user_h0,
+                                                 decay_threshold, transition, kernels.fwd, arch, sms, dvp)
     # (c) states at every chunk start, all pieces in parallel.
     bwd["bwd_h"](k2, v2, A2, fac, plan.cu_pieces, plan.chunk_offsets, S_in, h)
 
@@ -243,18 +247,22 @@ def _bwd_cp(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, s
         bwd["bwd_dh"](*views, fac, *rng, dht_loc, *scratch, dS_loc[:P2], p.scale)
         # Truncation: fallback[j, h] = the piece enters the chain and does not decay below e^threshold.
         needs = plan.bwd_needs_m[:, None]
-        if decay_threshold is None:
+        if transitions is not None:  # the forward chain's M (their transposes) and decisions
+            Mt, flag = transitions.adjoint(lo, hi, plan.bwd_needs_m)
+            run_m = False
+        elif decay_threshold is None:
             fallback = None
             run_m = True
         else:
-            csum = gate_prefix(tok_hi)
+            csum = _chunk_gate_prefix(g2, bounds)(tok_hi)
             decay = csum[plan.bwd_piece_end] - csum[plan.bwd_piece_start]  # [P2, H]
             fallback = (decay > decay_threshold) & needs
             capturing = dev.type == "cuda" and torch.cuda.is_current_stream_capturing()
             run_m = transition == "always" or capturing or bool(fallback.any())
-        # M^T of (piece, head) pairs that do not enter the chain is never read (flag 0): not zeroed.
-        Mt = torch.empty(P2 + 1, H, K, K, dtype=f32, device=dev)
-        flag = torch.zeros(P2 + 1, H, dtype=torch.int32, device=dev)  # + the zero row of the slots
+        if transitions is None:
+            # M^T of (piece, head) pairs that do not enter the chain is never read (flag 0): not zeroed.
+            Mt = torch.empty(P2 + 1, H, K, K, dtype=f32, device=dev)
+            flag = torch.zeros(P2 + 1, H, dtype=torch.int32, device=dev)  # + the zero row of the slots
         if run_m:
             do_zero = torch.empty_like(do2[:tok_hi])
             do_zero[tok_lo:].zero_()

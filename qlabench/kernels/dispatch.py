@@ -12,9 +12,10 @@ one by changing its row of `KERNEL_MODULES`:
     compiled for sm_100a would use mma.sync there (a plain `T.gemm` with a register accumulator).
   * sm90 only: ``kkt_solve_grouped`` (hopper/kkt_solve_grouped.py: kkt_solve with one block per chunk
     and qk-head, looping over the GQA group's v-heads; opt-in, KernelOptions.kkt, forward.kkt_role).
-  * sm90 only: ``chunk_fwd_ws``, the manually warp-specialized recurrence (hopper/chunk_fwd_ws.py), the
-    forward's default recurrence where an arch has it (forward.recurrence_role); the others run
-    chunk_fwd_pipelined, and forcing ws there (KernelOptions.fwd_kernel = ws) raises ValueError.
+  * sm90 only: ``chunk_fwd_ws`` and ``chunk_fwd_wy``, the manually warp-specialized recurrences
+    (hopper/chunk_fwd_ws.py, hopper/chunk_fwd_wy.py), the forward's default recurrences where an arch has
+    them (forward.recurrence_role: ws at V tile 32, wy at 64); the others run chunk_fwd_pipelined, and
+    forcing ws or wy there (KernelOptions.fwd_kernel) raises ValueError.
   * sm120 / sm121: blackwell_sm120/ re-exports the Hopper forward files compiled for sm_120a at C = 32
     (mma.sync + TMA: sm120 has neither wgmma nor tcgen05) and checks that each compiled kernel fits
     the 99 KB of shared memory per block; no backward (NotImplementedError).
@@ -57,6 +58,7 @@ _HOPPER_FORWARD = {
     "chunk_fwd_pipelined": "hopper.chunk_fwd:chunk_fwd_pipelined_kernel",
     # the default recurrence on sm90 (forward.recurrence_role); verified on the H200
     "chunk_fwd_ws": "hopper.chunk_fwd_ws:chunk_fwd_ws_kernel",
+    "chunk_fwd_wy": "hopper.chunk_fwd_wy:chunk_fwd_wy_kernel",
 }
 _HOPPER_BACKWARD = {
     "bwd_prepare": "hopper.bwd_prepare:bwd_prepare_kernel",

@@ -115,7 +115,7 @@ def twin_chunk_fwd_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, 
     return chunk_fwd
 
 
-def _twin_recurrence(n_blocks: int, sm_count: int, arch):
+def _twin_recurrence(n_blocks: int, sm_count: int, arch, bv: int | None = None):
     return twin_chunk_fwd_kernel
 
 

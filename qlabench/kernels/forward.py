@@ -1,5 +1,6 @@
 """Low-level forward: chunk_local_cumsum -> kkt_solve -> chunk recurrence (3 launches; the recurrence
-is hopper/chunk_fwd_ws.py on sm90, the TMA-pipelined chunk_fwd elsewhere: recurrence_role; the solve
+is hopper/chunk_fwd_ws.py (V tile 32) or chunk_fwd_wy.py (V tile 64) on sm90, the TMA-pipelined
+chunk_fwd elsewhere: recurrence_role; the solve
 is kkt_solve, or with kkt=grouped on sm90 with GQA kkt_solve_grouped: kkt_role; both choices come
 from ``options`` (options.KernelOptions), or from QLABENCH_FWD_KERNEL / QLABENCH_KKT without it).
 
@@ -87,7 +88,7 @@ def chunk_gated_delta_rule_fwd(
     sms = _sm_count(dev)
     BV = value_tile(p.N * p.h_v, sms)
     chunk_fwd_kernel = recurrence_kernel((p.V // BV) * p.N * p.h_v, sms, arch,
-                                         None if options is None else options.fwd_kernel)
+                                         None if options is None else options.fwd_kernel, BV)
     kernel = chunk_fwd_kernel(p.h_qk, p.h_v, p.K, p.V, BV, C, dtype, state_v_first, arch.name)
     no_skip = torch.empty(1, p.h_v, dtype=torch.int32, device=dev)  # has_skip = 0: never read
     kernel(q2, k2, v2, g_cumsum, Ag, Pm, table.cu_seqlens, table.chunk_offsets, no_skip, h0, o, ht, h,
@@ -129,24 +130,27 @@ _RECURRENCE_ROLES = {
     "pipelined": "chunk_fwd_pipelined",
     "simple": "chunk_fwd",
     "ws": "chunk_fwd_ws",
+    "wy": "chunk_fwd_wy",
 }
 
 
 def recurrence_role(n_blocks: int, sm_count: int, arch: Arch | str | None = None,
-                    fwd_kernel: str | None = None) -> str:
-    """Kernel role of the chunk recurrence: the manually warp-specialized one where the arch has it
-    (sm90: hopper/chunk_fwd_ws.py), else the TMA-pipelined one.
+                    fwd_kernel: str | None = None, bv: int | None = None) -> str:
+    """Kernel role of the chunk recurrence at V tile ``bv``: on sm90 the manually warp-specialized
+    ones, chunk_fwd_wy (the WY form of the state chain) at BV = 64 and chunk_fwd_ws at BV = 32 (or
+    ``bv`` None); elsewhere the TMA-pipelined one.
 
-    Measured on the H200 (results/h200/NOTES.md, f7c378e): the warp-specialized
-    recurrence (producer / state / output warpgroups: only the state path on the per-chunk critical
-    path) against the pipelined one, recurrence kernel alone, ms: 1x32768 hk16_hv16 0.819 vs 0.976,
-    hk2_hv8 0.815 vs 0.972, hk16_hv64 1.650 vs 1.951, 8192x4 hk16_hv16 0.416 vs 0.494, 1x2048 hk2_hv8
-    0.053 vs 0.062; only short sequences over many blocks lose a little (1024x8 hk16_hv16 0.106 vs
-    0.099), not worth a second rule. The pipelined variant in turn beat the plain one on every grid
-    tried. QLABENCH_FWD_KERNEL=ws|pipelined|simple forces one (the A/B switch; ws raises ValueError on
-    archs without it); auto (the default) takes the rule above. ``fwd_kernel`` (KernelOptions.fwd_kernel)
-    replaces the switch when given. ``n_blocks`` and ``sm_count`` are kept for grid-dependent rules
-    (none at present).
+    Measured on the H200 (results/h200/NOTES.md): the warp-specialized recurrence (producer / state /
+    output warpgroups: only the state path on the per-chunk critical path) against the pipelined one,
+    recurrence kernel alone, ms (f7c378e): 1x32768 hk16_hv16 0.819 vs 0.976, hk2_hv8 0.815 vs 0.972,
+    hk16_hv64 1.650 vs 1.951, 8192x4 hk16_hv16 0.416 vs 0.494, 1x2048 hk2_hv8 0.053 vs 0.062. The WY
+    form (session 8, us, chunk_fwd_wy vs chunk_fwd_ws): hk16_hv64 1x32768 (BV 64) 1219 vs 1335; at BV 32
+    its fourth warpgroup (W = Ag diag(e) K per chunk, the same work at either tile) is the slowest
+    role: hk16_hv16 1x32768 918 vs 778, hk2_hv8 1x32768 898 vs 773, hk2_hv8 1x8192 225 vs 195. The
+    pipelined variant in turn beat the plain one on every grid tried. QLABENCH_FWD_KERNEL=ws|wy|
+    pipelined|simple forces one (the A/B switch; ws and wy raise ValueError on archs without them);
+    auto (the default) takes the rule above. ``fwd_kernel`` (KernelOptions.fwd_kernel) replaces the
+    switch when given. ``n_blocks`` and ``sm_count`` are kept for grid-dependent rules.
     """
     del n_blocks, sm_count
     choices = ("auto",) + tuple(_RECURRENCE_ROLES)
@@ -154,15 +158,17 @@ def recurrence_role(n_blocks: int, sm_count: int, arch: Arch | str | None = None
     if choice not in choices:
         raise ValueError(f"fwd_kernel must be one of {', '.join(choices)}, got {choice!r}")
     if choice == "auto":
-        has_ws = arch is not None and has_kernel(arch, "chunk_fwd_ws")
-        return "chunk_fwd_ws" if has_ws else "chunk_fwd_pipelined"
+        if arch is None or not has_kernel(arch, "chunk_fwd_ws"):
+            return "chunk_fwd_pipelined"
+        return "chunk_fwd_wy" if bv == 64 and has_kernel(arch, "chunk_fwd_wy") else "chunk_fwd_ws"
     return _RECURRENCE_ROLES[choice]
 
 
-def recurrence_kernel(n_blocks: int, sm_count: int, arch: Arch | str, fwd_kernel: str | None = None):
-    """The chunk-recurrence kernel factory of ``arch`` for a grid of ``n_blocks`` blocks
-    (``fwd_kernel``: as recurrence_role)."""
-    return kernel_factory(arch, recurrence_role(n_blocks, sm_count, arch, fwd_kernel))
+def recurrence_kernel(n_blocks: int, sm_count: int, arch: Arch | str, fwd_kernel: str | None = None,
+                      bv: int | None = None):
+    """The chunk-recurrence kernel factory of ``arch`` for a grid of ``n_blocks`` blocks at V tile
+    ``bv`` (``fwd_kernel``, ``bv``: as recurrence_role)."""
+    return kernel_factory(arch, recurrence_role(n_blocks, sm_count, arch, fwd_kernel, bv))
 
 
 _SM_COUNTS: dict = {}

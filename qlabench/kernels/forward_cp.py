@@ -92,7 +92,7 @@ class ForwardKernels:
     """The three forward kernels as forward.py calls them.
 
     cumsum(g2, table, C, arch_name) -> g_cumsum (common.cumsum.chunk_local_cumsum);
-    kkt_solve(h_qk, h_v, K, C, dtype, arch_name) -> kernel; recurrence(n_blocks, sm_count, arch) ->
+    kkt_solve(h_qk, h_v, K, C, dtype, arch_name) -> kernel; recurrence(n_blocks, sm_count, arch, bv=BV) ->
     factory(h_qk, h_v, K, V, BV, C, dtype, state_v_first, arch_name) -> kernel;
     correct(init, L, M, flag, src, out, arch_name): the correction chain (common/cp_correct.cp_correct).
     """
@@ -136,7 +136,8 @@ def chunk_gated_delta_rule_fwd_cp(
         `[N, H_v, K, V]` fp32 or None): the same as chunk_gated_delta_rule_fwd without output_h;
         with ``return_piece_states`` a sixth entry, h0_pieces `[P, H_v, K, V]` fp32 (`[P, H_v, V, K]`
         with ``state_v_first``): the initial state of every piece of ``plan`` (truncated like the
-        output when decay_threshold is set).
+        output when decay_threshold is set), and a seventh, the `PieceTransitions` of the chain (or
+        None when no piece was cut): backward_cp reuses them instead of its own transition pass.
     """
     p = validate(q, k, v, g, beta, scale, initial_state, cu_seqlens, state_v_first, for_kernels=True)
     arch = arch or arch_for_device(q.device)
@@ -196,8 +197,8 @@ def _fwd_cp(q, k, v, g, beta, p, initial_state, cu_seqlens, output_final_state, 
     user_h0 = (initial_state.to(sdt).contiguous() if initial_state is not None
                else torch.zeros((p.N,) + state, dtype=sdt, device=dev))
 
-    h0_pieces = piece_initial_states(p, plan, state_v_first, q2, k2, v2, g_cumsum, Ag, Pm, user_h0,
-                                     decay_threshold, transition, kernels, arch, sms, o)
+    h0_pieces, transitions = piece_initial_states(p, plan, state_v_first, q2, k2, v2, g_cumsum, Ag, Pm, user_h0,
+                                                  decay_threshold, transition, kernels, arch, sms, o)
 
     # (d) output pass over all pieces.
     ht_pieces = torch.empty((plan.n_pieces if output_final_state else 1,) + state, dtype=sdt, device=dev)
@@ -213,14 +214,14 @@ def _fwd_cp(q, k, v, g, beta, p, initial_state, cu_seqlens, output_final_state, 
         None,
         final,
     )
-    return out + (h0_pieces,) if return_piece_states else out
+    return out + (h0_pieces, transitions) if return_piece_states else out
 
 
 def _recurrence(kernels: ForwardKernels, n_pieces: int, p, C: int, dtype: str, state_v_first: bool, arch,
                 sms: int):
     """The chunk-recurrence kernel for a launch over ``n_pieces`` pieces."""
     BV = value_tile(n_pieces * p.h_v, sms)
-    factory = kernels.recurrence((p.V // BV) * n_pieces * p.h_v, sms, arch)
+    factory = kernels.recurrence((p.V // BV) * n_pieces * p.h_v, sms, arch, bv=BV)
     return factory(p.h_qk, p.h_v, p.K, p.V, BV, C, dtype, state_v_first, arch.name)
 
 
@@ -262,6 +263,35 @@ def warmup_skips(plan: CPPlan, g_cumsum: torch.Tensor, decay_threshold: float | 
                  for x, dtype in ((skip_local, torch.int32), (skip_m, torch.int32), (fallback, torch.bool)))
 
 
+@dataclass(frozen=True)
+class PieceTransitions:
+    """The transitions the chain of launch (c) used, for backward_cp's chain (the adjoint needs M^T of
+    the same pieces and heads; its truncation rule is the same: a (piece, head) enters with M exactly
+    where the piece does not decay below e^threshold).
+
+    M: `[P1 + 1, H_v, K, K]`, row r = piece ``first`` + r of the plan's pass1 range, as the recurrence
+    stored it (M, or M^T with ``state_v_first``); valid only where ``flag`` is 1. flag: `[P1 + 1, H_v]`
+    int32 (the last row 0).
+    """
+
+    M: torch.Tensor
+    flag: torch.Tensor
+    first: int
+    state_v_first: bool
+
+    def adjoint(self, lo: int, hi: int, needs: torch.Tensor):
+        """(Mt `[hi - lo + 1, H_v, K, K]` in the [K, V] layout (M^T), flag `[hi - lo + 1, H_v]` int32)
+        for the pieces lo .. hi - 1 (the last row 0), flag also 0 where ``needs`` `[hi - lo]` is False."""
+        n = self.M.shape[0] - 1
+        r = torch.arange(lo, hi, device=self.M.device) - self.first
+        r = torch.where((r >= 0) & (r < n), r, torch.full_like(r, n))
+        r = torch.cat([r, torch.full_like(r[:1], n)])
+        M = self.M[r]
+        Mt = (M if self.state_v_first else M.transpose(-1, -2)).contiguous()
+        flag = self.flag[r] * torch.cat([needs, needs.new_zeros(1)]).to(torch.int32)[:, None]
+        return Mt, flag
+
+
 def piece_initial_states(p, plan, state_v_first, q2, k2, v2, g_cumsum, Ag, Pm, user_h0, decay_threshold,
                          transition, kernels: ForwardKernels, arch, sms: int, o_scratch):
     """Launches (b) and (c) of the module docstring: the initial state of every piece of ``plan``.
@@ -275,7 +305,7 @@ def piece_initial_states(p, plan, state_v_first, q2, k2, v2, g_cumsum, Ag, Pm, u
             float32 (float64 with the twins); its dtype is the dtype of the result.
 
     Returns:
-        h0_pieces `[P, *state]` (contiguous).
+        (h0_pieces `[P, *state]` (contiguous), `PieceTransitions` of the chain or None without pass1).
     """
     dev, sdt = q2.device, user_h0.dtype
     dtype = _DTYPE_NAMES[q2.dtype]
@@ -330,6 +360,8 @@ def piece_initial_states(p, plan, state_v_first, q2, k2, v2, g_cumsum, Ag, Pm, u
         else:
             kernels.correct(init.contiguous(), S_loc, M, flag, src, slots, arch.name)
         h0_all = torch.cat([slots.reshape((-1,) + state), user_h0], 0)
+        transitions = PieceTransitions(M, flag, lo, state_v_first)
     else:
         h0_all = user_h0
-    return h0_all[plan.h0_src].contiguous()
+        transitions = None
+    return h0_all[plan.h0_src].contiguous(), transitions

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, fields
 # field -> (choices, default, environment switch). Choice order is the order error messages list.
 CHOICES: dict[str, tuple[str, ...]] = {
     "cp": ("auto", "on", "off"),
-    "fwd_kernel": ("auto", "pipelined", "simple", "ws"),
+    "fwd_kernel": ("auto", "pipelined", "simple", "ws", "wy"),
     "kkt": ("default", "grouped"),
     "bwd_dh": ("auto", "ws", "pipelined"),
     "bwd_cp": ("auto", "on", "off"),
@@ -37,7 +37,7 @@ ENV_VARS: dict[str, str] = {
 MEANING: dict[str, str] = {
     "cp": "intra-card context parallelism of the forward and its backward: auto (api.cp_rule: cp.py's plan "
           "on few chains over long sequences), on (cp.py's pieces wherever a sequence can be cut), off",
-    "fwd_kernel": "forward chunk recurrence: auto (ws on sm90, else pipelined), ws, pipelined, simple",
+    "fwd_kernel": "forward chunk recurrence: auto (sm90: ws at V tile 32, wy at 64; else pipelined), ws, wy, pipelined, simple",
     "kkt": "per-chunk solve: default (kkt_solve), grouped (kkt_solve_grouped: sm90, GQA only)",
     "bwd_dh": "backward reverse pass: auto (ws on sm90, else pipelined), ws (bwd_dh_ws, sm90 only), pipelined",
     "bwd_cp": "CP of the backward when the forward ran without it (piece states recomputed): auto "
@@ -52,8 +52,8 @@ class KernelOptions:
     Attributes:
         cp: ``auto`` | ``on`` | ``off`` (QLABENCH_CP): intra-card CP of the forward and its backward;
             ``auto`` (the default) follows the measured rule of `api.cp_rule`.
-        fwd_kernel: ``auto`` | ``ws`` | ``pipelined`` | ``simple`` (QLABENCH_FWD_KERNEL; ``ws`` raises
-            ValueError on archs without it).
+        fwd_kernel: ``auto`` | ``ws`` | ``wy`` | ``pipelined`` | ``simple`` (QLABENCH_FWD_KERNEL; ``ws``
+            and ``wy`` raise ValueError on archs without them; ``auto``: forward.recurrence_role).
         kkt: ``default`` | ``grouped`` (QLABENCH_KKT; grouped applies on sm90 with GQA, and not in
             the CP forward, which always runs kkt_solve).
         bwd_dh: ``auto`` | ``ws`` | ``pipelined`` (QLABENCH_BWD_DH; ``ws`` is sm90 only).

@@ -17,7 +17,7 @@ def test_aot_sm90_compiles_every_kernel(tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     lines = [line.split()[0] for line in result.output.splitlines() if line.startswith("  ")]
     assert lines.count("chunk_fwd") == 2 and lines.count("chunk_fwd_pipelined") == 2  # BV 32 and 64
-    assert lines.count("chunk_fwd_ws") == 2  # sm90's default recurrence (and the backward's h recompute)
+    assert lines.count("chunk_fwd_ws") == 2 and lines.count("chunk_fwd_wy") == 2  # sm90's defaults
     for name in ("chunk_local_cumsum", "kkt_solve", "chunk_local_cumsum_reverse", "backward"):
         assert name in lines, result.output
     assert lines.count("backward") == 2  # bwd_h / bwd_dh at BV 32 and 64 (backward.value_tiles)

@@ -20,7 +20,7 @@ def stubs(monkeypatch):
 
     def with_cp(*args, **kw):
         calls.append(("cp", kw))
-        return ("cp",) * 6  # + the pieces' initial states (return_piece_states)
+        return ("cp",) * 7  # + the pieces' initial states and the chain's transitions (return_piece_states)
 
     monkeypatch.setattr(forward, "chunk_gated_delta_rule_fwd", plain)
     monkeypatch.setattr(forward_cp, "chunk_gated_delta_rule_fwd_cp", with_cp)
@@ -36,24 +36,26 @@ def _call(T, H, cu=None, output_h=False):
                        output_final_state=True, output_h=output_h, state_v_first=False)
     assert len(out) == 6  # the five forward entries + the CP state for the backward (or None)
     if out[0] == "cp":
-        plan, h0_pieces = out[5]
-        assert plan.enabled and h0_pieces == "cp"
+        plan, h0_pieces, transitions = out[5]
+        assert plan.enabled and h0_pieces == transitions == "cp"
     else:
         assert out[5] is None
     return out[0]
 
 
 def test_auto_by_default_follows_the_measured_rule(stubs, monkeypatch):
-    """cp=auto (the default): cp.py's plan, <= 12 effective chains and a 28672+-token sequence
-    (api.cp_rule); cp.py alone would also cut the 16-head and the 8192-token calls."""
+    """cp=auto (the default): cp.py's plan, <= 16 effective chains and a 28672+-token sequence
+    (api.cp_rule); cp.py alone would also cut the 32-head and the 8192-token calls."""
     monkeypatch.delenv("QLABENCH_CP", raising=False)
     assert cp_mode() == "auto"
     assert _call(32768, 8) == "cp"  # one 32k sequence, 8 heads: 8 chains
     assert stubs[-1][1]["transition"] == "always" and stubs[-1][1]["plan"].enabled
     assert stubs[-1][1]["return_piece_states"] is True
     assert _call(32768, 8, cu=[0, 28672, 32768]) == "cp"  # 8 x 512 / 448 = 9.1 effective chains
-    assert _call(32768, 12, cu=[0, 28672, 32768]) == "plain"  # 13.7 effective chains
-    assert _call(32768, 16) == "plain"  # 16 chains: the measured tie
+    assert _call(32768, 12, cu=[0, 28672, 32768]) == "cp"  # 13.7 effective chains
+    assert _call(32768, 16) == "cp"  # 16 chains: both directions win since session 8
+    assert _call(32768, 16, cu=[0, 28672, 32768]) == "plain"  # 18.3 effective chains
+    assert _call(32768, 32) == "plain"  # 32 chains: CP lost
     assert _call(8192, 8) == "plain"  # 8192 tokens: the forward loses
     assert _call(1024, 8, cu=list(range(0, 1025, 128))) == "plain"  # 2-chunk sequences: nothing to cut
     assert _call(32768, 64) == "plain"  # 64 heads fill the GPU
@@ -97,13 +99,15 @@ def test_backward_follows_the_forward(monkeypatch):
     ctx = Ctx()
     ctx.cp = None
     api.ChunkGatedDeltaRuleFunction.backward(ctx, torch.zeros(1), None)
-    ctx.cp = ("plan", "h0_pieces")
+    ctx.cp = ("plan", "h0_pieces", "transitions")
     api.ChunkGatedDeltaRuleFunction.backward(ctx, torch.zeros(1), None)
     ctx.cp, own_plan[0] = None, "bwd plan"
     api.ChunkGatedDeltaRuleFunction.backward(ctx, torch.zeros(1), None)
     assert [name for name, _ in seen] == ["plain", "cp", "cp"]
     assert seen[1][1]["plan"] == "plan" and seen[1][1]["h0_pieces"] == "h0_pieces"
+    assert seen[1][1]["transitions"] == "transitions"  # the forward chain's M: no transition pass
     assert seen[2][1]["plan"] == "bwd plan" and seen[2][1]["h0_pieces"] is None
+    assert seen[2][1]["transitions"] is None
     assert seen[1][1]["transition"] == seen[2][1]["transition"] == "always"
 
 

@@ -98,7 +98,7 @@ def _counting(calls: list):
 
     bwd = {name: wrap(name, fn) for name, fn in KERNEL_TWINS.items()}
 
-    def recurrence(n_blocks, sms, arch):
+    def recurrence(n_blocks, sms, arch, bv=None):
         factory = TWIN_KERNELS["recurrence"](n_blocks, sms, arch)
 
         def make(*cfg):
@@ -120,23 +120,25 @@ def _counting(calls: list):
 
 def _run_cp(args, L, *, threshold=None, transition="auto", enable=True, states="recompute", calls=None,
             fwd_threshold="same"):
-    """The CP backward on the twins. ``states``: "recompute" (h0_pieces None) or "forward" (from the
-    CP forward with ``return_piece_states``; its threshold is ``fwd_threshold``)."""
+    """The CP backward on the twins. ``states``: "recompute" (h0_pieces None: the recompute's chain
+    transitions serve the backward's chain), "forward" (h0_pieces and the chain's transitions from the
+    CP forward with ``return_piece_states``; its threshold is ``fwd_threshold``) or "forward_h0" (the
+    forward's h0_pieces only: the backward runs its own transition pass)."""
     C = args["C"]
     q, k, v, beta = args["q"], args["k"], args["v"], args["beta"]
     h0, cu, svf = args["initial_state"], args["cu_seqlens"], args["state_v_first"]
     p = validate(q, k, v, args["g_cumsum"], beta, None, h0, cu, svf)
     plan = plan_cp(cu, heads=p.h_v, sm_count=132, chunk_size=C, B=p.B, T=p.T, piece_chunks=L, enable=enable)
     arch = types.SimpleNamespace(name="sm90", chunk_size=C)
-    h0_pieces = None
-    if states == "forward":
+    h0_pieces = transitions = None
+    if states in ("forward", "forward_h0"):
         fthr = threshold if fwd_threshold == "same" else fwd_threshold
         out = _fwd_cp(q, k, v, args["g"], beta, p, h0, cu, True, svf, plan, fthr, transition,
                       ForwardKernels(**TWIN_KERNELS), arch, 132, return_piece_states=True)
-        h0_pieces = out[5]
+        h0_pieces, transitions = out[5], (out[6] if states == "forward" else None)
     kernels = _counting(calls if calls is not None else [])
     got = _bwd_cp(p, q, k, v, args["g_cumsum"], beta, args["A"], args["do"], args["dht"], h0, cu, svf, plan,
-                  threshold, transition, h0_pieces, kernels, arch, 132)
+                  threshold, transition, h0_pieces, kernels, arch, 132, transitions)
     return dict(zip(NAMES, got)), plan
 
 
@@ -169,19 +171,20 @@ def _check_exact(want, args, L, **kw):
     return got, plan
 
 
-@pytest.mark.parametrize("states", ["recompute", "forward"])
+@pytest.mark.parametrize("states", ["recompute", "forward", "forward_h0"])
 def test_one_long_sequence_many_pieces_gqa_h0_dht(states):
     want, args = _problem(300, 1, 2, h0=True)  # 38 chunks of 8: 10 pieces of 4 chunks, partial last chunk
     calls = []
     _, plan = _check_exact(want, args, 4, states=states, calls=calls)
     assert plan.enabled and plan.n_pieces == 10
     dh_launches = [n for name, n, _ in calls if name == "bwd_dh"]
-    assert dh_launches == [9, 9, 10]  # local pass (pieces 1..9), transition pass, final pass
+    # local pass (pieces 1..9), the transition pass only without the forward chain's M, final pass
+    assert dh_launches == ([9, 9, 10] if states == "forward_h0" else [9, 10])
     assert [n for name, n, _ in calls if name == "bwd_h"] == [10]
     assert len([c for c in calls if c[0] == "fwd"]) == (2 if states == "recompute" else 0)
 
 
-@pytest.mark.parametrize("states", ["recompute", "forward"])
+@pytest.mark.parametrize("states", ["recompute", "forward", "forward_h0"])
 @pytest.mark.parametrize("state_v_first", [False, True], ids=["kv", "vk"])
 def test_varlen_long_and_short_gqa(state_v_first, states):
     # long (4 pieces, partial last chunk), empty, shorter than a piece, 1 token, long (6 pieces), 1 token, tail
@@ -218,6 +221,11 @@ def test_strong_decay_truncates_and_skips_the_transition_pass(states):
     assert len([c for c in calls if c[0] == "fwd"]) == (1 if states == "recompute" else 0)
     calls = []
     _check_exact(want, args, 4, threshold=-10.0, transition="always", states=states, calls=calls)
+    # "always" runs the forward chain's transition pass (the recompute's here), never the backward's
+    assert [n for name, n, _ in calls if name == "bwd_dh"] == [13, 14]
+    assert len([c for c in calls if c[0] == "fwd"]) == (2 if states == "recompute" else 0)
+    calls = []
+    _check_exact(want, args, 4, threshold=-10.0, transition="always", states="forward_h0", calls=calls)
     assert [n for name, n, _ in calls if name == "bwd_dh"] == [13, 13, 14]
 
 
@@ -225,9 +233,10 @@ def test_mixed_heads_zero_gates_fall_back():
     """Zero-gate heads never decay: the transition pass runs and keeps their M^T exactly."""
     want, args = _problem(400, 2, 4, cu=[0, 250, 400], gates=["zero", "strong", "moderate", "strong"], h0=True,
                           state_v_first=True, seed=6)
-    calls = []
-    _check_exact(want, args, 4, threshold=-10.0, calls=calls)
-    assert len([1 for name, _, _ in calls if name == "bwd_dh"]) == 3
+    for states, n_dh in (("recompute", 2), ("forward", 2), ("forward_h0", 3)):
+        calls = []
+        _check_exact(want, args, 4, threshold=-10.0, calls=calls, states=states)
+        assert len([1 for name, _, _ in calls if name == "bwd_dh"]) == n_dh, states
 
 
 def test_plan_off_is_the_plain_backward():
@@ -269,7 +278,7 @@ def test_truncation_error_within_bound():
     cu = [0, 260, 400]
     want, args = _problem(400, 1, 3, cu=cu, gates=["slow", "slow", "zero"], h0=True, seed=8)
     calls = []
-    got, plan = _run_cp(args, 4, threshold=threshold, states="forward", fwd_threshold=None, calls=calls)
+    got, plan = _run_cp(args, 4, threshold=threshold, states="forward_h0", fwd_threshold=None, calls=calls)
     dh = _exact_dh(args)
     off = plan.chunk_offsets.tolist()
     seq = plan.piece_seq.tolist()

@@ -60,15 +60,15 @@ def _check_cp(inp, modes=MODES):
         threshold = None if exact else -10.0
         plan = plan_cp(cu, heads=H, sm_count=_sm_count(inp["q"].device), chunk_size=arch.chunk_size, B=B, T=T,
                        device=inp["q"].device, **opts)
-        h0_pieces = None
+        h0_pieces = transitions = None
         if states == "forward":
             out = chunk_gated_delta_rule_fwd_cp(**x, initial_state=h0, cu_seqlens=cu, state_v_first=vf, plan=plan,
                                                 decay_threshold=threshold, return_piece_states=True)
-            h0_pieces = out[5]
+            h0_pieces, transitions = out[5], out[6]  # the forward chain's M replaces the transition pass
             assert h0_pieces.shape[0] == plan.n_pieces
         poison_cuda_cache()
         got = dict(zip(NAMES, chunk_gated_delta_rule_bwd_cp(*bargs, **bkw, plan=plan, decay_threshold=threshold,
-                                                            h0_pieces=h0_pieces)))
+                                                            h0_pieces=h0_pieces, transitions=transitions)))
         assert (got["dh0"] is None) == (h0 is None), name
         errs = {}
         for n in NAMES:

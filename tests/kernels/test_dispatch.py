@@ -79,7 +79,7 @@ def _mock_gpu(monkeypatch, cc):
 # shared-memory-checked re-exports of the Hopper files (blackwell_sm120/)
 FORWARD_FILES = {
     "sm90": {"kkt_solve": "hopper.kkt_solve", "chunk_fwd": "hopper.chunk_fwd", "chunk_fwd_pipelined": "hopper.chunk_fwd",
-             "chunk_fwd_ws": "hopper.chunk_fwd_ws"},
+             "chunk_fwd_ws": "hopper.chunk_fwd_ws", "chunk_fwd_wy": "hopper.chunk_fwd_wy"},
     "sm100": {"kkt_solve": "blackwell.kkt_solve", "chunk_fwd": "blackwell.chunk_fwd",
               "chunk_fwd_pipelined": "blackwell.chunk_fwd"},
     "sm120": {"kkt_solve": "blackwell_sm120.kkt_solve", "chunk_fwd": "blackwell_sm120.chunk_fwd",
@@ -107,12 +107,15 @@ def test_mocked_device_gets_its_kernels(monkeypatch, cc, name, chunk, target):
         factory = kernel_factory(arch, role)
         assert factory.__module__ == f"qlabench.kernels.{module}", role
         assert getattr(factory, "__wrapped__", factory).__name__ == f"{role}_kernel"
-    # forward.py asks the same table for the recurrence: by default the warp-specialized one where the
-    # arch has it (sm90), else the pipelined one; the others only when forced (the A/B switch)
+    # forward.py asks the same table for the recurrence: by default the warp-specialized ones where the
+    # arch has them (sm90: ws at BV 32, wy at BV 64), else the pipelined one; the others only when forced
+    # (the A/B switch)
     monkeypatch.delenv("QLABENCH_FWD_KERNEL", raising=False)
     default = "chunk_fwd_ws" if name == "sm90" else "chunk_fwd_pipelined"
     assert recurrence_kernel(10, 132, arch) is kernel_factory(arch, default)
-    assert recurrence_kernel(1000, 132, name) is kernel_factory(name, default)
+    assert recurrence_kernel(1000, 132, name, bv=32) is kernel_factory(name, default)
+    wide = "chunk_fwd_wy" if name == "sm90" else "chunk_fwd_pipelined"
+    assert recurrence_kernel(1000, 132, name, bv=64) is kernel_factory(name, wide)
     monkeypatch.setenv("QLABENCH_FWD_KERNEL", "simple")
     assert recurrence_kernel(10, 132, arch) is kernel_factory(arch, "chunk_fwd")
     monkeypatch.setenv("QLABENCH_FWD_KERNEL", "pipelined")

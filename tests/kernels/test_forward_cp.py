@@ -174,7 +174,7 @@ def _counting_kernels(calls: list, launches: list | None = None):
     """The twins, with every recurrence launch appended to ``calls`` (and its skip table to
     ``launches``)."""
 
-    def recurrence(n_blocks, sms, arch):
+    def recurrence(n_blocks, sms, arch, bv=None):
         twin_factory = TWIN_KERNELS["recurrence"](n_blocks, sms, arch)
 
         def factory(*cfg):

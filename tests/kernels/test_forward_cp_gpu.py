@@ -120,7 +120,7 @@ def test_cp_1x32768(h_qk, h_v, gate):
         assert warm.max() <= 6 and not fallback[:, ~zero].any(), warm
 
 
-@pytest.mark.parametrize("variant", ["chunk_fwd", "chunk_fwd_pipelined", "chunk_fwd_ws"])
+@pytest.mark.parametrize("variant", ["chunk_fwd", "chunk_fwd_pipelined", "chunk_fwd_ws", "chunk_fwd_wy"])
 @pytest.mark.parametrize("state_v_first", [False, True], ids=["kv", "vk"])
 def test_chunk_skip_matches_the_twin(variant, state_v_first):
     """The recurrence kernel's chunk_skip / has_skip against its float64 twin on the same bf16 inputs:

@@ -91,7 +91,7 @@ def test_long_T32768_h0(state_v_first):
                    check_h=False)
 
 
-@pytest.mark.parametrize("fwd_kernel", ["pipelined", "ws"])
+@pytest.mark.parametrize("fwd_kernel", ["pipelined", "ws", "wy"])
 @pytest.mark.parametrize("case", ["varlen-bv32", "varlen-bv64"])
 @pytest.mark.parametrize("state_v_first", [False, True], ids=["kv", "vk"])
 def test_recurrence_kernels(fwd_kernel, case, state_v_first, monkeypatch):
@@ -100,7 +100,8 @@ def test_recurrence_kernels(fwd_kernel, case, state_v_first, monkeypatch):
     from qlabench.kernels.forward import recurrence_role
 
     monkeypatch.setenv("QLABENCH_FWD_KERNEL", fwd_kernel)
-    assert recurrence_role(1, 132) == {"pipelined": "chunk_fwd_pipelined", "ws": "chunk_fwd_ws"}[fwd_kernel]
+    assert recurrence_role(1, 132) == {"pipelined": "chunk_fwd_pipelined", "ws": "chunk_fwd_ws",
+                                       "wy": "chunk_fwd_wy"}[fwd_kernel]
     if case == "varlen-bv32":
         cu = [0, 100, 100, 229, 1000, 2497]
         _check_forward(make_inputs(2600, 2, 4, cu_seqlens=cu, gate="qwen", h0=True, state_v_first=state_v_first), 2600)

@@ -52,7 +52,7 @@ def test_parse_options():
     ("cp", r"kernel option 'cp' needs key=value"),
     ("cp=on+", r"empty kernel option"),
     ("cp=on+cp=auto", r"kernel option 'cp' given twice"),
-    ("fwd_kernel=tma", r"fwd_kernel must be one of auto, pipelined, simple, ws, got 'tma'"),
+    ("fwd_kernel=tma", r"fwd_kernel must be one of auto, pipelined, simple, ws, wy, got 'tma'"),
 ])
 def test_parse_errors_name_the_key_and_value(spec, match):
     with pytest.raises(ValueError, match=match):
@@ -84,6 +84,10 @@ def test_roles_take_explicit_choices(monkeypatch):
     assert forward.kkt_role("sm90", 4, "grouped") == "kkt_solve_grouped"
     assert forward.kkt_role("sm90", 4, "default") == "kkt_solve"
     assert forward.recurrence_role(1, 132, "sm90", "auto") == "chunk_fwd_ws"
+    assert forward.recurrence_role(1, 132, "sm90", "auto", bv=32) == "chunk_fwd_ws"
+    assert forward.recurrence_role(1, 132, "sm90", "auto", bv=64) == "chunk_fwd_wy"  # the WY form at BV 64
+    assert forward.recurrence_role(1, 132, "sm90", "ws", bv=64) == "chunk_fwd_ws"
+    assert forward.recurrence_role(1, 132, "sm100", "auto", bv=64) == "chunk_fwd_pipelined"
     assert forward.recurrence_role(1, 132, "sm100", "auto") == "chunk_fwd_pipelined"
     assert forward.recurrence_role(1, 132, "sm90", "simple") == "chunk_fwd"
     assert backward._dh_role("sm90", "ws") == "bwd_dh_ws"
@@ -220,10 +224,10 @@ def test_cp_option_routes_forward_and_backward(monkeypatch):
     seen = []
     monkeypatch.setattr(forward, "chunk_gated_delta_rule_fwd", lambda *a, **kw: seen.append(("fwd", kw)) or (None,) * 5)
     monkeypatch.setattr(forward_cp, "chunk_gated_delta_rule_fwd_cp",
-                        lambda *a, **kw: seen.append(("fwd_cp", kw)) or (None,) * 6)
+                        lambda *a, **kw: seen.append(("fwd_cp", kw)) or (None,) * 7)
     monkeypatch.setattr(forward, "_sm_count", lambda device: 132)
     monkeypatch.setattr(dispatch, "arch_for_device", lambda device: dispatch.arch_by_name("sm90"))
-    x = torch.zeros(1, 32768, 16, 128)
+    x = torch.zeros(1, 32768, 32, 128)  # 32 chains: cp=auto runs the plain forward
     kw = {"scale": 1.0, "initial_state": None, "cu_seqlens": None, "output_final_state": True,
           "output_h": False, "state_v_first": False}
     on = KernelOptions(cp="on", bwd_dh="ws")

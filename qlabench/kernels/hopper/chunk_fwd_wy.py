@@ -1,0 +1,307 @@
+r"""chunk_fwd_wy: chunk_fwd_ws with the WY form of the state chain (Hopper, sm_90a). sm90's default
+recurrence at BV = 64 (forward.recurrence_role); chunk_fwd_ws stays the one at BV = 32.
+
+Measured on the H200 (session 8, recurrence kernel alone, us, chunk_fwd_wy vs chunk_fwd_ws, bench gates,
+h0): hk16_hv64 1x32768 (BV 64, 128 blocks) 1219 vs 1335: the state chain is one wgmma and one
+shared-memory round trip shorter. At BV 32 the wu warpgroup is the slowest role (W costs the same at
+either tile, and each of a chain's four V-tile blocks forms it): hk16_hv16 1x32768 918 vs 778, hk2_hv8
+1x32768 898 vs 773, hk2_hv8 1x8192 225 vs 195. Errors against float64 unchanged (o 4.4e-3, ht 3.8e-3).
+
+Per chunk (gam, e, r, Ag, Pm as chunk_fwd_ws.py):
+    U  = Ag V                  (C x BV)       \  formed by a fourth warpgroup ("wu"), off the state chain,
+    W  = Ag diag(e) K          (C x K)        /  bf16 in shared memory (W stored negated)
+    Vd = U - W S                              one wgmma on the chain instead of K S, W, Ag W
+    O  = scale diag(e) Q S + Pm Vd
+    S  = exp(gam_C) S + K^T diag(r) Vd
+(Vd = Ag (V - diag(e) K S) = Ag V - Ag diag(e) K S: the same value, other bf16 rounding points: U and W
+are rounded to bf16 instead of V - e K S.)
+
+Roles (512 threads): WG0 producer (TMA K, V, Ag, Q, Pm; gam), WG1 state, WG2 output (as chunk_fwd_ws),
+WG3 wu: wait full[slot]; partial chunk: zero K_s, V_s rows past eos; U = Ag V -> V_s (bf16, in place);
+Ag_s *= e (columns, in place); W = Ag_s K -> W_s[slot] = bf16(-W); fence; arrive wu_ready[slot].
+The state waits wu_ready[slot] instead of full[slot]: acc = U (from V_s), acc += W_s S_s (= Vd).
+Register quotas 40 (producer) + 128 (wu) + 216 (state) + 128 (output) = 512 = 4 x 128.
+Shared memory at BV = 64: ring 2 x 56 KB + S_s, Vd_s 48 KB + W_s 2 x 16 KB + Vr_s 8 KB + O_s 8 KB
+= 208.5 KB.
+"""
+
+import functools
+
+import tilelang.language as T
+from tilelang import PassConfigKey
+
+from ..common.build import compile_for
+
+THREADS = 512  # producer, state, output, wu warpgroups
+NREG_PRODUCER = 40
+NREG_STATE = 216
+NREG_OUTPUT = 128
+NREG_WU = 128
+BAR_STATE = 1  # named barrier id of the state warpgroup's internal syncs (0 is __syncthreads)
+BAR_OUTPUT = 2  # the output warpgroup's: O_s free before it is rewritten, written before the TMA store
+BAR_WU = 3  # the wu warpgroup's own shared-memory writes before its wgmma reads
+
+
+def chunk_fwd_wy_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str,
+                        state_v_first: bool, arch: str):
+    """Compiled warp-specialized forward recurrence for one head configuration (runtime arguments
+    as chunk_fwd.chunk_fwd_kernel). QLABENCH_WS_AUTO_SYNC=1 keeps TileLang's automatic
+    shared-memory syncs on top of the explicit ones (a race-debugging A/B, see the header)."""
+    import os
+
+    auto_sync = os.environ.get("QLABENCH_WS_AUTO_SYNC", "0") == "1"
+    return _chunk_fwd_wy(h_qk, h_v, K, V, BV, C, dtype, state_v_first, arch, auto_sync)
+
+
+def shared_memory_bytes(K: int, BV: int, C: int = 64, elem: int = 2) -> int:
+    """Dynamic shared memory of the kernel, from its allocations (the mbarriers are static)."""
+    ring = 2 * (2 * C * K + C * BV + 2 * C * C) * elem + 2 * C * 4  # Q, K, V, Ag, Pm, gam per slot
+    handoff = 2 * (K * BV + C * BV) * elem  # S_s, Vd_s per parity
+    scratch = C * BV * elem + 2 * C * K * elem  # Vr_s, W_s per parity
+    o_stage = C * BV * elem  # O_s, the output warpgroup's TMA-store staging tile
+    return ring + handoff + scratch + o_stage
+
+
+@functools.cache
+def _chunk_fwd_wy(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str, state_v_first: bool,
+                  arch: str, auto_sync: bool):
+    if C != 64:
+        raise ValueError(f"chunk_fwd_wy is written for C = 64 (one m64 wgmma per row block), got {C}")
+    group = h_v // h_qk
+    NV = V // BV
+    n_tok = T.dynamic("n_tok")
+    n_cu = T.dynamic("n_cu")
+    n_h0 = T.dynamic("n_h0")
+    n_ht = T.dynamic("n_ht")
+    n_hc = T.dynamic("n_hc")
+    n_skip = T.dynamic("n_skip")
+    state_shape = (h_v, V, K) if state_v_first else (h_v, K, V)
+
+    def rows(t0, eos, i, value):
+        """value on rows of the sequence; zero past its end (other data there: select, not multiply)."""
+        return T.if_then_else(t0 + i < eos, value, T.cast(0, dtype))
+
+    @T.macro
+    def produce(slot: int, c, n_run, bos, eos, skip, h, hk, v0, tx, q, k, v, g_cumsum, Ag, Pm,
+                Q_s, K_s, V_s, Ag_s, P_s, gam_s, full, empty):
+        if c < n_run:
+            T.mbarrier_wait_parity(empty[slot], ((c // 2) & 1) ^ 1)
+            t0 = bos + (skip + c) * C
+            T.tma_copy(k[t0:t0 + C, hk, :], K_s, barrier=full[slot])
+            T.tma_copy(v[t0:t0 + C, h, v0:v0 + BV], V_s, barrier=full[slot])
+            T.tma_copy(Ag[t0:t0 + C, h, :], Ag_s, barrier=full[slot])
+            T.tma_copy(q[t0:t0 + C, hk, :], Q_s, barrier=full[slot])
+            T.tma_copy(Pm[t0:t0 + C, h, :], P_s, barrier=full[slot])
+            if tx < C:
+                gam_s[tx] = g_cumsum[T.min(t0 + tx, eos - 1), h]
+            T.mbarrier_arrive(full[slot])
+
+    @T.macro
+    def wu_step(slot: int, c, n_run, bos, eos, skip, K_s, V_s, Ag_s, gam_s, W_s, Uw_f, W_f, full, wu_ready):
+        if c < n_run:
+            ph = (c // 2) & 1
+            t0 = bos + (skip + c) * C
+            T.mbarrier_wait_parity(full[slot], ph)
+            if t0 + C > eos:  # rows past the end: 0 * non-finite is not 0 in the products below
+                for i, d in T.Parallel(C, K):
+                    if t0 + i >= eos:
+                        K_s[i, d] = T.cast(0, dtype)
+                for i, j in T.Parallel(C, BV):
+                    if t0 + i >= eos:
+                        V_s[i, j] = T.cast(0, dtype)
+                T.fence_proxy_async()
+                T.sync_threads(BAR_WU, 128)
+            T.gemm(Ag_s, V_s, Uw_f, clear_accum=True)
+            T.sync_threads(BAR_WU, 128)  # every warp's product read V_s, Ag_s
+            for i, j in T.Parallel(C, BV):
+                V_s[i, j] = T.cast(Uw_f[i, j], dtype)
+            for i, j in T.Parallel(C, C):
+                Ag_s[i, j] = T.cast(T.cast(Ag_s[i, j], "float32") * T.exp(gam_s[j]), dtype)
+            T.fence_proxy_async()
+            T.sync_threads(BAR_WU, 128)
+            T.gemm(Ag_s, K_s, W_f, clear_accum=True)
+            for i, d in T.Parallel(C, K):
+                W_s[i, d] = T.cast(-W_f[i, d], dtype)
+            T.fence_proxy_async()
+            T.sync_threads(BAR_WU, 128)
+            T.mbarrier_arrive(wu_ready[slot])
+
+    @T.macro
+    def state_step(slot: int, c, n_run, bos, eos, skip, K_s, V_s, W_s, gam_s, S_s, Vd_s, Vr_s,
+                   S_f, U_f, wu_ready, empty, s_ready, vd_ready, o_free):
+        if c < n_run:
+            ph = (c // 2) & 1
+            t0 = bos + (skip + c) * C
+            T.mbarrier_wait_parity(wu_ready[slot], ph)
+            T.mbarrier_wait_parity(o_free[slot], ph ^ 1)
+            T.copy(S_f, S_s)
+            T.fence_proxy_async()
+            T.sync_threads(BAR_STATE, 128)
+            T.mbarrier_arrive(s_ready[slot])
+
+            T.copy(V_s, U_f)  # U (bf16, the wu warpgroup's) as the accumulator's start
+            T.gemm(W_s, S_s, U_f)  # U_f = U - W S = Vd (W_s holds -W)
+            for i, j in T.Parallel(C, BV):
+                Vd_s[i, j] = rows(t0, eos, i, T.cast(U_f[i, j], dtype))
+                Vr_s[i, j] = rows(t0, eos, i, T.cast(T.exp(gam_s[C - 1] - gam_s[i]) * U_f[i, j], dtype))
+            T.fence_proxy_async()
+            T.sync_threads(BAR_STATE, 128)
+            T.mbarrier_arrive(vd_ready[slot])
+
+            for i, j in T.Parallel(K, BV):
+                S_f[i, j] = S_f[i, j] * T.exp(gam_s[C - 1])
+            T.gemm(K_s, Vr_s, S_f, transpose_A=True)
+            T.mbarrier_arrive(empty[slot])
+
+    @T.macro
+    def output_step(slot: int, c, n_run, bos, eos, skip, n, h, v0, scale, store_h, chunk_offsets, h_out, o,
+                    Q_s, P_s, gam_s, S_s, Vd_s, O_f, O_s, full, empty, s_ready, vd_ready, o_free):
+        if c < n_run:
+            ph = (c // 2) & 1
+            t0 = bos + (skip + c) * C
+            T.mbarrier_wait_parity(full[slot], ph)
+            T.mbarrier_wait_parity(s_ready[slot], ph)
+            T.gemm(Q_s, S_s, O_f, clear_accum=True)
+            for i, j in T.Parallel(C, BV):
+                O_f[i, j] = O_f[i, j] * (scale * T.exp(gam_s[i]))
+            if store_h != 0:
+                for i, j in T.Parallel(K, BV):
+                    if state_v_first:
+                        h_out[chunk_offsets[n] + skip + c, h, v0 + j, i] = S_s[i, j]
+                    else:
+                        h_out[chunk_offsets[n] + skip + c, h, i, v0 + j] = S_s[i, j]
+            T.mbarrier_wait_parity(vd_ready[slot], ph)
+            T.gemm(P_s, Vd_s, O_f)
+            T.mbarrier_arrive(o_free[slot])
+            T.mbarrier_arrive(empty[slot])
+            if t0 + C <= eos:
+                # a whole chunk: O through shared memory and one TMA store (coalesced rows; the
+                # registers are free at once). The previous store has read O_s before it is rewritten.
+                T.tma_store_wait(0)
+                T.sync_threads(BAR_OUTPUT, 128)
+                T.copy(O_f, O_s)
+                T.fence_proxy_async()
+                T.sync_threads(BAR_OUTPUT, 128)
+                T.tma_copy(O_s, o[t0:t0 + C, h, v0:v0 + BV])
+            else:  # the sequence's last, partial chunk: only its rows (the next sequence owns the rest)
+                for i, j in T.Parallel(C, BV):
+                    if t0 + i < eos:
+                        o[t0 + i, h, v0 + j] = T.cast(O_f[i, j], dtype)
+
+    def chunk_fwd_wy(
+        q: T.Tensor((n_tok, h_qk, K), dtype),
+        k: T.Tensor((n_tok, h_qk, K), dtype),
+        v: T.Tensor((n_tok, h_v, V), dtype),
+        g_cumsum: T.Tensor((n_tok, h_v), "float32"),
+        Ag: T.Tensor((n_tok, h_v, C), dtype),
+        Pm: T.Tensor((n_tok, h_v, C), dtype),
+        cu_seqlens: T.Tensor((n_cu,), "int32"),
+        chunk_offsets: T.Tensor((n_cu,), "int32"),
+        chunk_skip: T.Tensor((n_skip, h_v), "int32"),
+        h0: T.Tensor((n_h0,) + state_shape, "float32"),
+        o: T.Tensor((n_tok, h_v, V), dtype),
+        ht: T.Tensor((n_ht,) + state_shape, "float32"),
+        h_out: T.Tensor((n_hc,) + state_shape, dtype),
+        scale: T.float32,
+        has_h0: T.int32,
+        store_final: T.int32,
+        store_h: T.int32,
+        has_skip: T.int32,
+    ):
+        with T.Kernel(NV, (n_cu - 1) * h_v, threads=THREADS) as (iv, nh):
+            # input ring, slot 0 and slot 1
+            Q0 = T.alloc_shared((C, K), dtype)
+            Q1 = T.alloc_shared((C, K), dtype)
+            K0 = T.alloc_shared((C, K), dtype)
+            K1 = T.alloc_shared((C, K), dtype)
+            V0 = T.alloc_shared((C, BV), dtype)
+            V1 = T.alloc_shared((C, BV), dtype)
+            A0 = T.alloc_shared((C, C), dtype)
+            A1 = T.alloc_shared((C, C), dtype)
+            P0 = T.alloc_shared((C, C), dtype)
+            P1 = T.alloc_shared((C, C), dtype)
+            G0 = T.alloc_shared((C,), "float32")
+            G1 = T.alloc_shared((C,), "float32")
+            # state -> output hand-off, double-buffered by chunk parity
+            S0 = T.alloc_shared((K, BV), dtype)
+            S1 = T.alloc_shared((K, BV), dtype)
+            D0 = T.alloc_shared((C, BV), dtype)
+            D1 = T.alloc_shared((C, BV), dtype)
+            # state warpgroup scratch; the wu warpgroup's -W per parity
+            Vr_s = T.alloc_shared((C, BV), dtype)
+            W0 = T.alloc_shared((C, K), dtype)
+            W1 = T.alloc_shared((C, K), dtype)
+            # output warpgroup: O of a whole chunk on its way to the TMA store
+            O_s = T.alloc_shared((C, BV), dtype)
+            full = T.alloc_barrier([128, 128])
+            wu_ready = T.alloc_barrier([128, 128])
+            empty = T.alloc_barrier([256, 256])
+            s_ready = T.alloc_barrier([128, 128])
+            vd_ready = T.alloc_barrier([128, 128])
+            o_free = T.alloc_barrier([128, 128])
+            S_f = T.alloc_fragment((K, BV), "float32")
+            U_f = T.alloc_fragment((C, BV), "float32")
+            O_f = T.alloc_fragment((C, BV), "float32")
+            Uw_f = T.alloc_fragment((C, BV), "float32")
+            W_f = T.alloc_fragment((C, K), "float32")
+
+            tx = T.get_thread_binding()
+            n = nh // h_v
+            h = nh % h_v
+            hk = h // group
+            v0 = iv * BV
+            bos = cu_seqlens[n]
+            eos = cu_seqlens[n + 1]
+            # first chunk run; the row index is guarded too, so a [1, H_v] dummy is never over-read
+            skip_row = T.if_then_else(has_skip != 0, n, 0)
+            skip = T.max(T.if_then_else(has_skip != 0, chunk_skip[skip_row, h], 0), 0)
+            n_run = T.max(T.ceildiv(eos - bos, C) - skip, 0)
+            n_pairs = T.ceildiv(n_run, 2)
+
+            if tx < 128:
+                T.set_max_nreg(NREG_PRODUCER, 0)
+                for p in T.serial(n_pairs):
+                    produce(0, 2 * p, n_run, bos, eos, skip, h, hk, v0, tx, q, k, v, g_cumsum, Ag, Pm,
+                            Q0, K0, V0, A0, P0, G0, full, empty)
+                    produce(1, 2 * p + 1, n_run, bos, eos, skip, h, hk, v0, tx, q, k, v, g_cumsum, Ag, Pm,
+                            Q1, K1, V1, A1, P1, G1, full, empty)
+            elif tx < 256:
+                T.set_max_nreg(NREG_STATE, 1)
+                for i, j in T.Parallel(K, BV):
+                    if state_v_first:
+                        S_f[i, j] = T.if_then_else(has_h0 != 0, h0[n, h, v0 + j, i], 0.0)
+                    else:
+                        S_f[i, j] = T.if_then_else(has_h0 != 0, h0[n, h, i, v0 + j], 0.0)
+                for p in T.serial(n_pairs):
+                    state_step(0, 2 * p, n_run, bos, eos, skip, K0, V0, W0, G0, S0, D0, Vr_s,
+                               S_f, U_f, wu_ready, empty, s_ready, vd_ready, o_free)
+                    state_step(1, 2 * p + 1, n_run, bos, eos, skip, K1, V1, W1, G1, S1, D1, Vr_s,
+                               S_f, U_f, wu_ready, empty, s_ready, vd_ready, o_free)
+                if store_final != 0:
+                    for i, j in T.Parallel(K, BV):
+                        if state_v_first:
+                            ht[n, h, v0 + j, i] = S_f[i, j]
+                        else:
+                            ht[n, h, i, v0 + j] = S_f[i, j]
+            elif tx < 384:
+                T.set_max_nreg(NREG_OUTPUT, 0)
+                for p in T.serial(n_pairs):
+                    output_step(0, 2 * p, n_run, bos, eos, skip, n, h, v0, scale, store_h, chunk_offsets,
+                                h_out, o, Q0, P0, G0, S0, D0, O_f, O_s, full, empty, s_ready, vd_ready,
+                                o_free)
+                    output_step(1, 2 * p + 1, n_run, bos, eos, skip, n, h, v0, scale, store_h,
+                                chunk_offsets, h_out, o, Q1, P1, G1, S1, D1, O_f, O_s, full, empty,
+                                s_ready, vd_ready, o_free)
+                T.tma_store_wait(0)
+                if n == n_cu - 2:
+                    for c in T.serial(T.ceildiv(n_tok - eos, C)):
+                        for i, j in T.Parallel(C, BV):
+                            if eos + c * C + i < n_tok:
+                                o[eos + c * C + i, h, v0 + j] = T.cast(0, dtype)
+            else:
+                for p in T.serial(n_pairs):
+                    wu_step(0, 2 * p, n_run, bos, eos, skip, K0, V0, A0, G0, W0, Uw_f, W_f, full, wu_ready)
+                    wu_step(1, 2 * p + 1, n_run, bos, eos, skip, K1, V1, A1, G1, W1, Uw_f, W_f, full, wu_ready)
+
+    configs = {} if auto_sync else {PassConfigKey.TL_DISABLE_THREAD_STORAGE_SYNC: True}
+    return compile_for(T.prim_func(chunk_fwd_wy), arch, configs)
