@@ -22,7 +22,8 @@ zeroed before K^T Vr, so non-finite data there cannot leak in. The last sequence
 on the padding tail after cu_seqlens[-1]. Chunk skip as in chunk_fwd.py.
 
 Warp-group roles (384 threads = 3 warpgroups, split by thread index, one if/elif, no block-wide
-barrier after the prologue):
+barrier after the prologue; the producer's and the output warpgroup's steps, the state's load / store
+and the padding tail are hopper/chunk_fwd_roles.py's macros, shared with chunk_fwd_wy.py):
   * WG0 producer (tx 0..127, set_max_nreg 40 dec): for chunk c into ring slot c % 2, waits
     empty[slot], issues T.tma_copy of K, V, Ag, Q, Pm (one elected thread: expect_tx + loads on
     full[slot]); threads 0..C-1 load gam (clamped g_cumsum, strided 4-byte elements: no TMA) into
@@ -94,13 +95,13 @@ import tilelang.language as T
 from tilelang import PassConfigKey
 
 from ..common.build import compile_for
+from .chunk_fwd_roles import roles
 
 THREADS = 384  # producer, state, output warpgroups
 NREG_PRODUCER = 40
 NREG_STATE = 216
 NREG_OUTPUT = 216
 BAR_STATE = 1  # named barrier id of the state warpgroup's internal syncs (0 is __syncthreads)
-BAR_OUTPUT = 2  # the output warpgroup's: O_s free before it is rewritten, written before the TMA store
 
 
 def chunk_fwd_ws_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str,
@@ -138,24 +139,8 @@ def _chunk_fwd_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: s
     n_skip = T.dynamic("n_skip")
     state_shape = (h_v, V, K) if state_v_first else (h_v, K, V)
 
-    def rows(t0, eos, i, value):
-        """value on rows of the sequence; zero past its end (other data there: select, not multiply)."""
-        return T.if_then_else(t0 + i < eos, value, T.cast(0, dtype))
-
-    @T.macro
-    def produce(slot: int, c, n_run, bos, eos, skip, h, hk, v0, tx, q, k, v, g_cumsum, Ag, Pm,
-                Q_s, K_s, V_s, Ag_s, P_s, gam_s, full, empty):
-        if c < n_run:
-            T.mbarrier_wait_parity(empty[slot], ((c // 2) & 1) ^ 1)
-            t0 = bos + (skip + c) * C
-            T.tma_copy(k[t0:t0 + C, hk, :], K_s, barrier=full[slot])
-            T.tma_copy(v[t0:t0 + C, h, v0:v0 + BV], V_s, barrier=full[slot])
-            T.tma_copy(Ag[t0:t0 + C, h, :], Ag_s, barrier=full[slot])
-            T.tma_copy(q[t0:t0 + C, hk, :], Q_s, barrier=full[slot])
-            T.tma_copy(Pm[t0:t0 + C, h, :], P_s, barrier=full[slot])
-            if tx < C:
-                gam_s[tx] = g_cumsum[T.min(t0 + tx, eos - 1), h]
-            T.mbarrier_arrive(full[slot])
+    R = roles(C, K, BV, dtype, state_v_first)  # the shared macros (hopper/chunk_fwd_roles.py)
+    rows, produce, output_step = R.rows, R.produce, R.output_step
 
     @T.macro
     def state_step(slot: int, c, n_run, bos, eos, skip, K_s, V_s, Ag_s, gam_s, S_s, Vd_s, W_s, Vr_s,
@@ -192,41 +177,6 @@ def _chunk_fwd_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: s
                 S_f[i, j] = S_f[i, j] * T.exp(gam_s[C - 1])
             T.gemm(K_s, Vr_s, S_f, transpose_A=True)
             T.mbarrier_arrive(empty[slot])
-
-    @T.macro
-    def output_step(slot: int, c, n_run, bos, eos, skip, n, h, v0, scale, store_h, chunk_offsets, h_out, o,
-                    Q_s, P_s, gam_s, S_s, Vd_s, O_f, O_s, full, empty, s_ready, vd_ready, o_free):
-        if c < n_run:
-            ph = (c // 2) & 1
-            t0 = bos + (skip + c) * C
-            T.mbarrier_wait_parity(full[slot], ph)
-            T.mbarrier_wait_parity(s_ready[slot], ph)
-            T.gemm(Q_s, S_s, O_f, clear_accum=True)
-            for i, j in T.Parallel(C, BV):
-                O_f[i, j] = O_f[i, j] * (scale * T.exp(gam_s[i]))
-            if store_h != 0:
-                for i, j in T.Parallel(K, BV):
-                    if state_v_first:
-                        h_out[chunk_offsets[n] + skip + c, h, v0 + j, i] = S_s[i, j]
-                    else:
-                        h_out[chunk_offsets[n] + skip + c, h, i, v0 + j] = S_s[i, j]
-            T.mbarrier_wait_parity(vd_ready[slot], ph)
-            T.gemm(P_s, Vd_s, O_f)
-            T.mbarrier_arrive(o_free[slot])
-            T.mbarrier_arrive(empty[slot])
-            if t0 + C <= eos:
-                # a whole chunk: O through shared memory and one TMA store (coalesced rows; the
-                # registers are free at once). The previous store has read O_s before it is rewritten.
-                T.tma_store_wait(0)
-                T.sync_threads(BAR_OUTPUT, 128)
-                T.copy(O_f, O_s)
-                T.fence_proxy_async()
-                T.sync_threads(BAR_OUTPUT, 128)
-                T.tma_copy(O_s, o[t0:t0 + C, h, v0:v0 + BV])
-            else:  # the sequence's last, partial chunk: only its rows (the next sequence owns the rest)
-                for i, j in T.Parallel(C, BV):
-                    if t0 + i < eos:
-                        o[t0 + i, h, v0 + j] = T.cast(O_f[i, j], dtype)
 
     def chunk_fwd_ws(
         q: T.Tensor((n_tok, h_qk, K), dtype),
@@ -303,22 +253,14 @@ def _chunk_fwd_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: s
                             Q1, K1, V1, A1, P1, G1, full, empty)
             elif tx < 256:
                 T.set_max_nreg(NREG_STATE, 1)
-                for i, j in T.Parallel(K, BV):
-                    if state_v_first:
-                        S_f[i, j] = T.if_then_else(has_h0 != 0, h0[n, h, v0 + j, i], 0.0)
-                    else:
-                        S_f[i, j] = T.if_then_else(has_h0 != 0, h0[n, h, i, v0 + j], 0.0)
+                R.load_state(S_f, h0, has_h0, n, h, v0)
                 for p in T.serial(n_pairs):
                     state_step(0, 2 * p, n_run, bos, eos, skip, K0, V0, A0, G0, S0, D0, W_s, Vr_s,
                                S_f, U_f, full, empty, s_ready, vd_ready, o_free)
                     state_step(1, 2 * p + 1, n_run, bos, eos, skip, K1, V1, A1, G1, S1, D1, W_s, Vr_s,
                                S_f, U_f, full, empty, s_ready, vd_ready, o_free)
                 if store_final != 0:
-                    for i, j in T.Parallel(K, BV):
-                        if state_v_first:
-                            ht[n, h, v0 + j, i] = S_f[i, j]
-                        else:
-                            ht[n, h, i, v0 + j] = S_f[i, j]
+                    R.store_state(S_f, ht, n, h, v0)
             else:
                 T.set_max_nreg(NREG_OUTPUT, 1)
                 for p in T.serial(n_pairs):
@@ -328,12 +270,7 @@ def _chunk_fwd_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: s
                     output_step(1, 2 * p + 1, n_run, bos, eos, skip, n, h, v0, scale, store_h,
                                 chunk_offsets, h_out, o, Q1, P1, G1, S1, D1, O_f, O_s, full, empty,
                                 s_ready, vd_ready, o_free)
-                T.tma_store_wait(0)
-                if n == n_cu - 2:
-                    for c in T.serial(T.ceildiv(n_tok - eos, C)):
-                        for i, j in T.Parallel(C, BV):
-                            if eos + c * C + i < n_tok:
-                                o[eos + c * C + i, h, v0 + j] = T.cast(0, dtype)
+                R.finish_output(o, n, n_cu, eos, n_tok, h, v0)
 
     configs = {} if auto_sync else {PassConfigKey.TL_DISABLE_THREAD_STORAGE_SYNC: True}
     return compile_for(T.prim_func(chunk_fwd_ws), arch, configs)

@@ -1,0 +1,116 @@
+"""The roles the warp-specialized forward recurrences share (hopper/chunk_fwd_ws.py and
+hopper/chunk_fwd_wy.py differ only in how the state warpgroup forms Vd, and wy's extra warpgroup).
+
+Built per compile-time configuration by ``roles(C, K, BV, dtype, state_v_first)``, as TileLang macros
+that inline where the kernel calls them (the generated code is the same as with the bodies written in
+place):
+  * produce: the TMA producer's step for chunk c into ring slot c % 2: wait empty[slot], TMA K, V, Ag,
+    Q, Pm on full[slot], the chunk's gam rows (g_cumsum, the last real row repeated past eos), arrive.
+  * output_step: the output warpgroup's step, O = scale diag(e) Q S + Pm Vd with S, Vd from the state
+    warpgroup (s_ready, vd_ready), the optional per-chunk h rows, then O of a whole chunk through shared
+    memory and one TMA store (BAR_OUTPUT guards O_s), a partial last chunk row by row.
+  * load_state / store_state: S from h0 (or 0) into the state fragment, and the final S into ht.
+  * finish_output: the last TMA store drained; the last sequence's block zeroes o's padding tail.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import tilelang.language as T
+
+BAR_OUTPUT = 2  # the output warpgroup's named barrier: O_s free before it is rewritten, written before the TMA store
+
+
+class Roles(NamedTuple):
+    rows: object
+    produce: object
+    output_step: object
+    load_state: object
+    store_state: object
+    finish_output: object
+
+
+def roles(C: int, K: int, BV: int, dtype: str, state_v_first: bool) -> Roles:
+    """The shared macros for chunk size C, key width K, V tile BV, the inputs' dtype and state layout."""
+
+    def rows(t0, eos, i, value):
+        """value on rows of the sequence; zero past its end (other data there: select, not multiply)."""
+        return T.if_then_else(t0 + i < eos, value, T.cast(0, dtype))
+
+    @T.macro
+    def produce(slot: int, c, n_run, bos, eos, skip, h, hk, v0, tx, q, k, v, g_cumsum, Ag, Pm,
+                Q_s, K_s, V_s, Ag_s, P_s, gam_s, full, empty):
+        if c < n_run:
+            T.mbarrier_wait_parity(empty[slot], ((c // 2) & 1) ^ 1)
+            t0 = bos + (skip + c) * C
+            T.tma_copy(k[t0:t0 + C, hk, :], K_s, barrier=full[slot])
+            T.tma_copy(v[t0:t0 + C, h, v0:v0 + BV], V_s, barrier=full[slot])
+            T.tma_copy(Ag[t0:t0 + C, h, :], Ag_s, barrier=full[slot])
+            T.tma_copy(q[t0:t0 + C, hk, :], Q_s, barrier=full[slot])
+            T.tma_copy(Pm[t0:t0 + C, h, :], P_s, barrier=full[slot])
+            if tx < C:
+                gam_s[tx] = g_cumsum[T.min(t0 + tx, eos - 1), h]
+            T.mbarrier_arrive(full[slot])
+
+    @T.macro
+    def output_step(slot: int, c, n_run, bos, eos, skip, n, h, v0, scale, store_h, chunk_offsets, h_out, o,
+                    Q_s, P_s, gam_s, S_s, Vd_s, O_f, O_s, full, empty, s_ready, vd_ready, o_free):
+        if c < n_run:
+            ph = (c // 2) & 1
+            t0 = bos + (skip + c) * C
+            T.mbarrier_wait_parity(full[slot], ph)
+            T.mbarrier_wait_parity(s_ready[slot], ph)
+            T.gemm(Q_s, S_s, O_f, clear_accum=True)
+            for i, j in T.Parallel(C, BV):
+                O_f[i, j] = O_f[i, j] * (scale * T.exp(gam_s[i]))
+            if store_h != 0:
+                for i, j in T.Parallel(K, BV):
+                    if state_v_first:
+                        h_out[chunk_offsets[n] + skip + c, h, v0 + j, i] = S_s[i, j]
+                    else:
+                        h_out[chunk_offsets[n] + skip + c, h, i, v0 + j] = S_s[i, j]
+            T.mbarrier_wait_parity(vd_ready[slot], ph)
+            T.gemm(P_s, Vd_s, O_f)
+            T.mbarrier_arrive(o_free[slot])
+            T.mbarrier_arrive(empty[slot])
+            if t0 + C <= eos:
+                # a whole chunk: O through shared memory and one TMA store (coalesced rows; the
+                # registers are free at once). The previous store has read O_s before it is rewritten.
+                T.tma_store_wait(0)
+                T.sync_threads(BAR_OUTPUT, 128)
+                T.copy(O_f, O_s)
+                T.fence_proxy_async()
+                T.sync_threads(BAR_OUTPUT, 128)
+                T.tma_copy(O_s, o[t0:t0 + C, h, v0:v0 + BV])
+            else:  # the sequence's last, partial chunk: only its rows (the next sequence owns the rest)
+                for i, j in T.Parallel(C, BV):
+                    if t0 + i < eos:
+                        o[t0 + i, h, v0 + j] = T.cast(O_f[i, j], dtype)
+
+    @T.macro
+    def load_state(S_f, h0, has_h0, n, h, v0):
+        for i, j in T.Parallel(K, BV):
+            if state_v_first:
+                S_f[i, j] = T.if_then_else(has_h0 != 0, h0[n, h, v0 + j, i], 0.0)
+            else:
+                S_f[i, j] = T.if_then_else(has_h0 != 0, h0[n, h, i, v0 + j], 0.0)
+
+    @T.macro
+    def store_state(S_f, ht, n, h, v0):
+        for i, j in T.Parallel(K, BV):
+            if state_v_first:
+                ht[n, h, v0 + j, i] = S_f[i, j]
+            else:
+                ht[n, h, i, v0 + j] = S_f[i, j]
+
+    @T.macro
+    def finish_output(o, n, n_cu, eos, n_tok, h, v0):
+        T.tma_store_wait(0)
+        if n == n_cu - 2:
+            for c in T.serial(T.ceildiv(n_tok - eos, C)):
+                for i, j in T.Parallel(C, BV):
+                    if eos + c * C + i < n_tok:
+                        o[eos + c * C + i, h, v0 + j] = T.cast(0, dtype)
+
+    return Roles(rows, produce, output_step, load_state, store_state, finish_output)
