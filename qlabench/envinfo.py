@@ -153,7 +153,7 @@ def gpu_slug(name: str | None) -> str:
 
 # environment switches of our kernels: the KernelOptions ones (a qla row's options record their effect)
 # and QLABENCH_WS_AUTO_SYNC, which the warp-specialized kernels' factories read while compiling
-KERNEL_SWITCHES = ("QLABENCH_CP", "QLABENCH_FWD_KERNEL", "QLABENCH_KKT", "QLABENCH_BWD_DH", "QLABENCH_BWD_CP",
+KERNEL_SWITCHES = ("QLABENCH_CP", "QLABENCH_FWD_KERNEL", "QLABENCH_BWD_DH", "QLABENCH_BWD_CP",
                    "QLABENCH_WS_AUTO_SYNC")
 
 

@@ -63,15 +63,15 @@ OPTIONAL_ROW_FIELDS = ("gpu_index", "gpu_uuid", "worker", "options", "kernel_spl
 # is the name the run gave the row (backend_key): `qla` = the default kernels of the run's commit, a
 # variant `qla:cp=on` = the options that differ from those defaults, so rows of two variants never match.
 # A file records the defaults its names are relative to (run.option_defaults); files written before
-# that (before cp's default became auto) are relative to LEGACY_OPTION_DEFAULTS.
+# that (before cp's default became auto) are relative to LEGACY_OPTION_DEFAULTS. A retired option
+# (kernels.options.RETIRED: kkt) is read out of both: `qla` of an old file is `qla` of a new one.
 KEY_DEFAULTS = {"beta_profile": DEFAULT_BETA_PROFILE, "h0_scale": DEFAULT_H0_SCALE}
 CASE_FIELDS = ("phase", "h_qk", "h_v", "pattern", "gate_profile", "dtype", *KEY_DEFAULTS)
 KEY_FIELDS = (*CASE_FIELDS, "backend")
 _INT_KEYS = ("h_qk", "h_v")
 
 
-LEGACY_OPTION_DEFAULTS = {"cp": "off", "fwd_kernel": "auto", "kkt": "default", "bwd_dh": "auto",
-                          "bwd_cp": "auto"}
+LEGACY_OPTION_DEFAULTS = {"cp": "off", "fwd_kernel": "auto", "bwd_dh": "auto", "bwd_cp": "auto"}
 
 
 class ResultsError(ValueError):
@@ -80,20 +80,25 @@ class ResultsError(ValueError):
 
 def options_label(options, defaults: dict | None = None) -> str:
     """``cp=on+bwd_dh=ws`` for a row's ``options`` dict (the kernel options that differ from
-    ``defaults``, None: today's), ``""`` for the defaults or none. ValueError for an unknown option or
-    value."""
+    ``defaults``, None: today's; a retired one as stored: kernels.options.stored_label), ``""`` for the
+    defaults or none. ValueError for an unknown option or value."""
     if not isinstance(options, dict) or not options:
         return ""
-    from .kernels.options import KernelOptions  # only rows with options pay for this import
+    from .kernels.options import stored_label  # only rows with options pay for this import
 
-    return KernelOptions.from_dict({**(defaults or {}), **options}).label(defaults)
+    return stored_label(options, defaults)
 
 
 def option_defaults(run: dict | None) -> dict:
-    """The kernel-option defaults a file's backend names are relative to: its ``run.option_defaults``,
-    else (files written before it was recorded) LEGACY_OPTION_DEFAULTS."""
+    """The kernel-option defaults a file's backend names are relative to: its ``run.option_defaults``
+    without the retired options (kernels.options.RETIRED), else (files written before it was recorded)
+    LEGACY_OPTION_DEFAULTS."""
     recorded = (run or {}).get("option_defaults")
-    return dict(recorded) if isinstance(recorded, dict) else dict(LEGACY_OPTION_DEFAULTS)
+    if not isinstance(recorded, dict):
+        return dict(LEGACY_OPTION_DEFAULTS)
+    from .kernels.options import RETIRED  # only files that record their defaults pay for this import
+
+    return {k: v for k, v in recorded.items() if k not in RETIRED}
 
 
 def backend_key(row) -> str:

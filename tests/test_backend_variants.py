@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from qlabench import results as R
 from qlabench.backends import canonical_name, get_backend, parse_backends
 from qlabench.cli import main
-from qlabench.kernels.options import ENV_VARS, KernelOptions
+from qlabench.kernels.options import ENV_VARS, RETIRED, KernelOptions
 from qlabench.report.synthetic import make_results, make_row
 
 DEFAULT = KernelOptions().as_dict()
@@ -20,7 +20,7 @@ DEFAULT = KernelOptions().as_dict()
 
 @pytest.fixture(autouse=True)
 def _clean(monkeypatch):
-    for var in ENV_VARS.values():
+    for var in (*ENV_VARS.values(), *(r.env for r in RETIRED.values())):
         monkeypatch.delenv(var, raising=False)
     n = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -34,7 +34,7 @@ def _clean(monkeypatch):
 def test_variant_names_are_canonical():
     assert parse_backends("qla,fla,qla:bwd_dh=ws+cp=on,qla:cp=auto,torch") == [
         "qla", "fla", "qla:cp=on+bwd_dh=ws", "torch"]
-    assert parse_backends(["qla:kkt=grouped", "qla:kkt=grouped"]) == ["qla:kkt=grouped"]
+    assert parse_backends(["qla:fwd_kernel=wy", "qla:fwd_kernel=wy"]) == ["qla:fwd_kernel=wy"]
     assert canonical_name("qla:fwd_kernel=pipelined+cp=off") == "qla:cp=off+fwd_kernel=pipelined"
 
 
@@ -51,6 +51,7 @@ def test_variant_backend_carries_its_options():
     ("qla:cp=maybe", r"backend 'qla:cp=maybe': kernel option cp must be one of auto, on, off, got 'maybe'"),
     ("qla:speed=fast", r"backend 'qla:speed=fast': unknown kernel option 'speed'; known: cp, fwd_kernel"),
     ("qla:cp", r"backend 'qla:cp': kernel option 'cp' needs key=value"),
+    ("qla:kkt=grouped", r"backend 'qla:kkt=grouped': kernel option kkt \(QLABENCH_KKT\) was removed in session 8"),
     ("fla:cp=on", r"backend 'fla:cp=on': backend 'fla' takes no options"),
     ("qlb:cp=on", r"unknown backend 'qlb'; known: qla, fla, flash_qla, flashinfer, torch"),
 ])
@@ -69,6 +70,11 @@ def test_environment_switches_become_the_name(monkeypatch):
     monkeypatch.setenv("QLABENCH_CP", "bogus")
     with pytest.raises(ValueError, match="QLABENCH_CP must be one of auto, on, off, got 'bogus'"):
         parse_backends("qla")
+    monkeypatch.setenv("QLABENCH_CP", "on")
+    monkeypatch.setenv("QLABENCH_KKT", "grouped")  # a removed option's switch
+    with pytest.raises(ValueError, match=r"kernel option kkt \(QLABENCH_KKT\) was removed in session 8"):
+        parse_backends("qla")
+    assert parse_backends("torch") == ["torch"]  # only qla reads the switches
 
 
 def test_qla_backend_passes_its_options(monkeypatch):
@@ -81,8 +87,8 @@ def test_qla_backend_passes_its_options(monkeypatch):
         q = k = v = g = beta = h0 = cu_seqlens = None
         scale = 1.0
 
-    assert get_backend("qla:kkt=grouped").forward(W()) == ("o", "ht")
-    assert seen["options"] == KernelOptions(kkt="grouped")
+    assert get_backend("qla:fwd_kernel=wy").forward(W()) == ("o", "ht")
+    assert seen["options"] == KernelOptions(fwd_kernel="wy")
 
 
 # --- rows and identity -----------------------------------------------------------------------------
@@ -210,3 +216,34 @@ def test_names_are_relative_to_the_defaults_their_file_records():
     with pytest.raises(R.ResultsError, match="option_defaults"):
         R.check_resume_settings(old_doc["run"], new_run, "old.json")
     R.check_resume_settings(new_run, dict(new_run), "new.json")
+
+
+def test_files_with_the_retired_kkt_option_keep_their_rows(tmp_path):
+    """Files written before kkt (kkt_solve_grouped) was removed hold "kkt": "default" in every qla row's
+    options and in run.option_defaults: they load, their `qla` row has the identity of a `qla` row of a
+    new file, and --resume continues them. A row of the removed variant keeps its stored name."""
+    old_default = {"cp": "auto", "fwd_kernel": "auto", "kkt": "default", "bwd_dh": "auto", "bwd_cp": "auto"}
+    old_doc = make_results([_qla_row("qla", old_default),
+                            _qla_row("qla:cp=on", {**old_default, "cp": "on"}),
+                            _qla_row("qla:kkt=grouped", {**old_default, "kkt": "grouped"}),
+                            _qla_row("qla:cp=on+kkt=grouped+bwd_dh=ws",
+                                     {**old_default, "cp": "on", "kkt": "grouped", "bwd_dh": "ws"})])
+    old_doc["run"]["option_defaults"] = dict(old_default)
+    R.validate(old_doc)
+    assert R.option_defaults(old_doc["run"]) == DEFAULT
+    new_doc = make_results([_qla_row("qla", DEFAULT), _qla_row("qla:cp=on", {**DEFAULT, "cp": "on"})])
+    old_keys = [R.row_key(r) for r in old_doc["rows"]]
+    assert old_keys[:2] == [R.row_key(r) for r in new_doc["rows"]]
+    assert old_keys[2][-1] == "qla:kkt=grouped" and len(set(old_keys)) == 4
+    R.check_resume_settings(old_doc["run"], new_doc["run"], "old.json")
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(old_doc))
+    rep = CliRunner().invoke(main, ["report", str(path), "--format", "text"])
+    assert rep.exit_code == 0, rep.output
+    assert "qla:kkt=grouped" in rep.output
+    # the legacy files (no option_defaults: cp off) hold the key too
+    legacy = make_results([_qla_row("qla", {**old_default, "cp": "off"})])
+    del legacy["run"]["option_defaults"]
+    assert R.row_key(R.validate(legacy)["rows"][0]) == R.row_key(new_doc["rows"][0])
+    with pytest.raises(R.ResultsError, match=r"backend = 'qla'.*its options say 'qla:kkt=grouped'"):
+        R.validate(make_results([_qla_row("qla", {**old_default, "kkt": "grouped"})]))

@@ -10,8 +10,6 @@ one by changing its row of `KERNEL_MODULES`:
     whose products are tcgen05 MMAs into tensor memory (UTCHMMA in the SASS); only the kkt_solve
     inverse's 32-row tf32 products stay mma.sync (tcgen05 tiles start at 64 rows). The Hopper files
     compiled for sm_100a would use mma.sync there (a plain `T.gemm` with a register accumulator).
-  * sm90 only: ``kkt_solve_grouped`` (hopper/kkt_solve_grouped.py: kkt_solve with one block per chunk
-    and qk-head, looping over the GQA group's v-heads; opt-in, KernelOptions.kkt, forward.kkt_role).
   * sm90 only: ``chunk_fwd_ws`` and ``chunk_fwd_wy``, the manually warp-specialized recurrences
     (hopper/chunk_fwd_ws.py, hopper/chunk_fwd_wy.py), the forward's default recurrences where an arch has
     them (forward.recurrence_role: ws at V tile 32, wy at 64); the others run chunk_fwd_pipelined, and
@@ -51,7 +49,7 @@ ARCHS: dict[str, Arch] = {
 
 # Kernel role -> "module:factory" under qlabench.kernels, per architecture. Each factory takes the
 # arch name as its last positional argument (variant switches follow as keywords: bwd_intra's
-# out_dtype, kkt_solve_grouped's split) and compiles for that arch's target.
+# out_dtype) and compiles for that arch's target.
 _HOPPER_FORWARD = {
     "kkt_solve": "hopper.kkt_solve:kkt_solve_kernel",
     "chunk_fwd": "hopper.chunk_fwd:chunk_fwd_kernel",
@@ -89,10 +87,8 @@ FORWARD_ROLES = tuple(_HOPPER_FORWARD)
 BACKWARD_ROLES = tuple(_HOPPER_BACKWARD) + ("bwd_state", "bwd_intra")
 KERNEL_MODULES: dict[str, dict[str, str]] = {
     # verified on an H200; bwd_dh_ws (manually warp-specialized reverse pass) is the default reverse
-    # pass (KernelOptions.bwd_dh = auto / ws; backward._dh_role); kkt_solve_grouped (one block per chunk and
-    # qk-head, GQA) is opt-in, KernelOptions.kkt = grouped (forward.kkt_role)
-    "sm90": {**_HOPPER_FORWARD, **_HOPPER_BACKWARD, "bwd_dh_ws": "hopper.bwd_dh_ws:bwd_dh_ws_kernel",
-             "kkt_solve_grouped": "hopper.kkt_solve_grouped:kkt_solve_grouped_kernel"},
+    # pass (KernelOptions.bwd_dh = auto / ws; backward._dh_role)
+    "sm90": {**_HOPPER_FORWARD, **_HOPPER_BACKWARD, "bwd_dh_ws": "hopper.bwd_dh_ws:bwd_dh_ws_kernel"},
     # tcgen05 + tensor memory (blackwell/), forward and backward; compiled only
     "sm100": {**_SM100_FORWARD, **_SM100_BACKWARD},
     "sm120": dict(_SM120_FORWARD),  # Hopper forward for sm_120a, C = 32, smem-checked; compiled only; no backward
@@ -122,8 +118,8 @@ def kernel_factory(arch: Arch | str, role: str):
 
 
 def has_kernel(arch: Arch | str, role: str) -> bool:
-    """Whether ``arch`` has a file for kernel ``role`` (the optional ones: chunk_fwd_ws, bwd_dh_ws,
-    kkt_solve_grouped are sm90 only)."""
+    """Whether ``arch`` has a file for kernel ``role`` (the optional ones: chunk_fwd_ws, chunk_fwd_wy,
+    bwd_dh_ws are sm90 only)."""
     a = arch if isinstance(arch, Arch) else arch_by_name(arch)
     return role in KERNEL_MODULES[a.name]
 
@@ -131,7 +127,7 @@ def has_kernel(arch: Arch | str, role: str) -> bool:
 def env_choice(var: str, choices: tuple[str, ...], default: str, environ=None) -> str:
     """The value of the environment switch ``var`` (``default`` when unset), read at call time from
     ``environ`` (default os.environ); a value outside ``choices`` raises ValueError naming it. The
-    kernels' A/B switches (QLABENCH_CP, QLABENCH_FWD_KERNEL, QLABENCH_KKT, QLABENCH_BWD_DH: the
+    kernels' A/B switches (QLABENCH_CP, QLABENCH_FWD_KERNEL, QLABENCH_BWD_DH, QLABENCH_BWD_CP: the
     fields of options.KernelOptions) all read through here."""
     import os
 

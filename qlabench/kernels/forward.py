@@ -1,8 +1,7 @@
 """Low-level forward: chunk_local_cumsum -> kkt_solve -> chunk recurrence (3 launches; the recurrence
 is hopper/chunk_fwd_ws.py (V tile 32) or chunk_fwd_wy.py (V tile 64) on sm90, the TMA-pipelined
-chunk_fwd elsewhere: recurrence_role; the solve
-is kkt_solve, or with kkt=grouped on sm90 with GQA kkt_solve_grouped: kkt_role; both choices come
-from ``options`` (options.KernelOptions), or from QLABENCH_FWD_KERNEL / QLABENCH_KKT without it).
+chunk_fwd elsewhere: recurrence_role, chosen by ``options`` (options.KernelOptions), or by
+QLABENCH_FWD_KERNEL without it).
 
 Nothing here syncs with the host: chunk tables are built on the device from cu_seqlens, so a call
 can be captured in a CUDA graph.
@@ -43,8 +42,8 @@ def chunk_gated_delta_rule_fwd(
         q, k: `[B, T, H_qk, 128]` bf16/fp16. v: `[B, T, H_v, 128]`. g, beta: `[B, T, H_v]`.
         initial_state: `[N, H_v, K, V]` (`[N, H_v, V, K]` with ``state_v_first``), any float dtype.
         output_h: also return the per-chunk start states.
-        options: the kernel variants (``fwd_kernel``, ``kkt``; ``cp`` is the API's business); None:
-            the QLABENCH_FWD_KERNEL / QLABENCH_KKT switches, read here.
+        options: the kernel variants (``fwd_kernel``; ``cp`` is the API's business); None: the
+            QLABENCH_FWD_KERNEL switch, read here.
 
     Returns:
         (g_cumsum `[B, T, H_v]` fp32, A `[B, T, H_v, C]` gate-free inverse in q's dtype (rows of the
@@ -54,9 +53,6 @@ def chunk_gated_delta_rule_fwd(
     """
     p = validate(q, k, v, g, beta, scale, initial_state, cu_seqlens, state_v_first, for_kernels=True)
     arch = arch or arch_for_device(q.device)
-    group = p.h_v // p.h_qk
-    kkt = kkt_role(arch, group, None if options is None else options.kkt)
-    kkt_solve_kernel = kernel_factory(arch, kkt)
 
     C = arch.chunk_size
     dtype = _DTYPE_NAMES[q.dtype]
@@ -71,11 +67,7 @@ def chunk_gated_delta_rule_fwd(
 
     g_cumsum = chunk_local_cumsum(g2, table, C, arch.name)
     A, Ag, Pm = (torch.empty(BT, p.h_v, C, dtype=q.dtype, device=dev) for _ in range(3))
-    if kkt == "kkt_solve_grouped":
-        split = kkt_group_split(table.n_chunks_max * p.h_qk, _sm_count(dev), group)
-        kkt_kernel = kkt_solve_kernel(p.h_qk, p.h_v, p.K, C, dtype, arch.name, split)
-    else:
-        kkt_kernel = kkt_solve_kernel(p.h_qk, p.h_v, p.K, C, dtype, arch.name)
+    kkt_kernel = kernel_factory(arch, "kkt_solve")(p.h_qk, p.h_v, p.K, C, dtype, arch.name)
     kkt_kernel(q2, k2, g_cumsum, beta2, table.chunk_bounds, A, Ag, Pm, p.scale)
 
     state = (p.h_v, p.V, p.K) if state_v_first else (p.h_v, p.K, p.V)
@@ -100,30 +92,6 @@ def chunk_gated_delta_rule_fwd(
         h if output_h else None,
         ht if output_final_state else None,
     )
-
-
-_KKT_CHOICES = ("default", "grouped")
-
-
-def kkt_role(arch: Arch | str, group: int, kkt: str | None = None) -> str:
-    """Kernel role of the per-chunk solve: ``kkt_solve`` (one block per chunk and v-head, the default),
-    or with QLABENCH_KKT=grouped ``kkt_solve_grouped`` (hopper/kkt_solve_grouped.py: one block per
-    chunk and qk-head computing K K^T and Q K^T once for the GQA group; opt-in) where
-    the group is > 1 and the arch has it (sm90); elsewhere kkt_solve. Unset or ``default``: kkt_solve;
-    another value raises ValueError. ``kkt`` (KernelOptions.kkt) replaces the switch when given."""
-    choice = env_choice("QLABENCH_KKT", _KKT_CHOICES, "default") if kkt is None else kkt
-    if choice not in _KKT_CHOICES:
-        raise ValueError(f"kkt must be one of {', '.join(_KKT_CHOICES)}, got {choice!r}")
-    if choice == "grouped" and group > 1 and has_kernel(arch, "kkt_solve_grouped"):
-        return "kkt_solve_grouped"
-    return "kkt_solve"
-
-
-def kkt_group_split(n_blocks: int, sm_count: int, group: int) -> int:
-    """Blocks per (chunk, qk-head) of kkt_solve_grouped: 2 (each taking half the group's v-heads and
-    recomputing the two products) when the group is even and >= 4 and the n_blocks = NCmax x H_qk
-    blocks of one would leave the GPU under two blocks per SM; else 1. A guess, not measured."""
-    return 2 if group >= 4 and group % 2 == 0 and n_blocks < 2 * sm_count else 1
 
 
 _RECURRENCE_ROLES = {

@@ -105,7 +105,7 @@ class ForwardKernels:
 
 def _device_kernels(arch, fwd_kernel: str | None = None) -> ForwardKernels:
     """The device kernels; ``fwd_kernel`` (KernelOptions.fwd_kernel) picks the recurrence (None: the
-    QLABENCH_FWD_KERNEL switch, read at each launch). The CP forward always runs kkt_solve."""
+    QLABENCH_FWD_KERNEL switch, read at each launch)."""
     if fwd_kernel is None:
         return ForwardKernels(chunk_local_cumsum, kernel_factory(arch, "kkt_solve"), recurrence_kernel, cp_correct)
     return ForwardKernels(chunk_local_cumsum, kernel_factory(arch, "kkt_solve"),
@@ -128,8 +128,8 @@ def chunk_gated_delta_rule_fwd_cp(
         plan_heads: head count to plan with (the global one under tensor parallelism).
         transition: "auto" or "always" (see the module docstring).
         return_piece_states: also return the pieces' initial states (what `backward_cp` needs).
-        options: `options.KernelOptions` (its ``fwd_kernel`` picks the recurrence; ``kkt`` does not
-            apply here); None: the QLABENCH_FWD_KERNEL switch.
+        options: `options.KernelOptions` (its ``fwd_kernel`` picks the recurrence); None: the
+            QLABENCH_FWD_KERNEL switch.
 
     Returns:
         (g_cumsum `[B, T, H_v]` fp32, A `[B, T, H_v, C]`, o `[B, T, H_v, V]`, None, final_state

@@ -1,36 +1,39 @@
 """KernelOptions: every kernel choice of the API as one explicit, typed value.
 
-The A/B variants of the kernels (intra-card CP, the forward recurrence, the per-chunk solve, the
-backward's reverse pass) are fields here. The public API (`chunk_gated_delta_rule`) reads the
-environment at most once per call (`KernelOptions.from_env`, the ``QLABENCH_*`` switches below) when
-no ``options`` are passed, and hands the same value down to the forward and its backward; the
-low-level entry points (`forward.chunk_gated_delta_rule_fwd`, `backward.chunk_gated_delta_rule_bwd`,
-`forward_cp` / `backward_cp`) take ``options`` too, and read the switches themselves only when called
-without them (direct callers such as the GPU tests and tools/*_variants.py).
+The A/B variants of the kernels (intra-card CP, the forward recurrence, the backward's reverse pass)
+are fields here. The public API (`chunk_gated_delta_rule`) reads the environment at most once per call
+(`KernelOptions.from_env`, the ``QLABENCH_*`` switches below) when no ``options`` are passed, and hands
+the same value down to the forward and its backward; the low-level entry points
+(`forward.chunk_gated_delta_rule_fwd`, `backward.chunk_gated_delta_rule_bwd`, `forward_cp` /
+`backward_cp`) take ``options`` too, and read the switches themselves only when called without them
+(direct callers such as the GPU tests and tools/*_variants.py).
 
 The defaults are the kernels the API launches without any switch. `QLABENCH_WS_AUTO_SYNC` is not an
 option: it is read by the warp-specialized kernel factories while compiling (a race-debugging
 switch), outside the host plumbing.
+
+A removed option stays in RETIRED: results files hold it (``"kkt": "default"`` in rows' ``options``
+and ``run.option_defaults``), so their readers accept it (KernelOptions.from_dict, stored_label), while
+a new request for it (a field, a ``key=value`` spec, its switch) raises ValueError saying why it went.
 
 Leaf module (no torch import of its own).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, fields
 
 # field -> (choices, default, environment switch). Choice order is the order error messages list.
 CHOICES: dict[str, tuple[str, ...]] = {
     "cp": ("auto", "on", "off"),
     "fwd_kernel": ("auto", "pipelined", "simple", "ws", "wy"),
-    "kkt": ("default", "grouped"),
     "bwd_dh": ("auto", "ws", "pipelined"),
     "bwd_cp": ("auto", "on", "off"),
 }
 ENV_VARS: dict[str, str] = {
     "cp": "QLABENCH_CP",
     "fwd_kernel": "QLABENCH_FWD_KERNEL",
-    "kkt": "QLABENCH_KKT",
     "bwd_dh": "QLABENCH_BWD_DH",
     "bwd_cp": "QLABENCH_BWD_CP",
 }
@@ -38,11 +41,40 @@ MEANING: dict[str, str] = {
     "cp": "intra-card context parallelism of the forward and its backward: auto (api.cp_rule: cp.py's plan "
           "on few chains over long sequences), on (cp.py's pieces wherever a sequence can be cut), off",
     "fwd_kernel": "forward chunk recurrence: auto (sm90: ws at V tile 32, wy at 64; else pipelined), ws, wy, pipelined, simple",
-    "kkt": "per-chunk solve: default (kkt_solve), grouped (kkt_solve_grouped: sm90, GQA only)",
     "bwd_dh": "backward reverse pass: auto (ws on sm90, else pipelined), ws (bwd_dh_ws, sm90 only), pipelined",
     "bwd_cp": "CP of the backward when the forward ran without it (piece states recomputed): auto "
               "(api.bwd_cp_plan's rule), on, off",
 }
+
+
+@dataclass(frozen=True)
+class Retired:
+    """A removed option as results files still hold it (rows' ``options``, ``run.option_defaults``)."""
+
+    choices: tuple[str, ...]  # its values; the first launched what every run still launches
+    after: str  # the field it followed in the names rows were stored under
+    env: str  # its former QLABENCH_* switch
+    why: str
+
+
+RETIRED: dict[str, Retired] = {
+    "kkt": Retired(("default", "grouped"), "fwd_kernel", "QLABENCH_KKT",
+                   "removed in session 8: kkt_solve_grouped (kkt=grouped) was slower than kkt_solve at every "
+                   "measured case (results/h200/NOTES.md); the forward always runs kkt_solve"),
+}
+
+
+def retired_error(name: str) -> ValueError:
+    """The ValueError for a new request of retired option ``name`` (field, spec or switch)."""
+    r = RETIRED[name]
+    return ValueError(f"kernel option {name} ({r.env}) was {r.why}; drop it")
+
+
+def _refuse_retired(keys) -> None:
+    """retired_error for the first retired option among ``keys``."""
+    for name in RETIRED:
+        if name in keys:
+            raise retired_error(name)
 
 
 @dataclass(frozen=True)
@@ -54,8 +86,6 @@ class KernelOptions:
             ``auto`` (the default) follows the measured rule of `api.cp_rule`.
         fwd_kernel: ``auto`` | ``ws`` | ``wy`` | ``pipelined`` | ``simple`` (QLABENCH_FWD_KERNEL; ``ws``
             and ``wy`` raise ValueError on archs without them; ``auto``: forward.recurrence_role).
-        kkt: ``default`` | ``grouped`` (QLABENCH_KKT; grouped applies on sm90 with GQA, and not in
-            the CP forward, which always runs kkt_solve).
         bwd_dh: ``auto`` | ``ws`` | ``pipelined`` (QLABENCH_BWD_DH; ``ws`` is sm90 only).
         bwd_cp: ``auto`` | ``on`` | ``off`` (QLABENCH_BWD_CP): intra-card CP of the backward of a
             forward that ran without CP (with ``cp`` on, the backward always mirrors the forward's
@@ -64,9 +94,13 @@ class KernelOptions:
 
     cp: str = "auto"
     fwd_kernel: str = "auto"
-    kkt: str = "default"
     bwd_dh: str = "auto"
     bwd_cp: str = "auto"
+
+    def __new__(cls, *args, **kwargs):
+        """A retired field raises its ValueError (retired_error) instead of the dataclass's TypeError."""
+        _refuse_retired(kwargs)
+        return super().__new__(cls)
 
     def __post_init__(self):
         for f in fields(self):
@@ -78,19 +112,26 @@ class KernelOptions:
     @classmethod
     def from_env(cls, environ=None) -> KernelOptions:
         """The QLABENCH_* switches (unset: the default); a bad value raises ValueError naming the
-        variable and the value (the message dispatch.env_choice gives)."""
+        variable and the value (the message dispatch.env_choice gives); a retired switch set raises
+        retired_error."""
+        env = os.environ if environ is None else environ
+        _refuse_retired([name for name, r in RETIRED.items() if r.env in env])
         return cls(**{name: option_value(None, name, environ) for name in ENV_VARS})
 
     @classmethod
     def from_dict(cls, d: dict | None) -> KernelOptions:
-        """From a results row's ``options`` (None or missing keys: defaults; an unknown key raises)."""
-        d = dict(d or {})
+        """From a results row's ``options`` (None or missing keys: defaults; an unknown key raises). A
+        retired option at its first value (what every run still launches) is dropped; at another, the
+        row measured a removed variant: retired_error."""
+        d = {k: v for k, v in (d or {}).items() if not (k in RETIRED and v == RETIRED[k].choices[0])}
+        _refuse_retired(d)
         unknown = sorted(set(d) - set(CHOICES))
         if unknown:
             raise ValueError(f"unknown kernel option {unknown[0]!r}; known: {', '.join(CHOICES)}")
         return cls(**d)
 
     def replace(self, **changes) -> KernelOptions:
+        _refuse_retired(changes)
         unknown = sorted(set(changes) - set(CHOICES))
         if unknown:
             raise ValueError(f"unknown kernel option {unknown[0]!r}; known: {', '.join(CHOICES)}")
@@ -126,8 +167,8 @@ def option_value(options: KernelOptions | None, name: str, environ=None) -> str:
 def parse_options(spec: str, base: KernelOptions | None = None) -> KernelOptions:
     """``"cp=on+bwd_dh=ws"`` -> KernelOptions (``base`` or the defaults, with those fields set).
 
-    ValueError naming the bad item, key or value: ``cp`` without ``=``, an unknown key, a value
-    outside the key's choices, a key given twice.
+    ValueError naming the bad item, key or value: ``cp`` without ``=``, an unknown key, a retired one
+    (retired_error), a value outside the key's choices, a key given twice.
     """
     base = base or KernelOptions()
     changes: dict[str, str] = {}
@@ -139,6 +180,7 @@ def parse_options(spec: str, base: KernelOptions | None = None) -> KernelOptions
         key, value = key.strip(), value.strip()
         if not eq:
             raise ValueError(f"kernel option {item!r} needs key=value (keys: {', '.join(CHOICES)})")
+        _refuse_retired([key])
         if key not in CHOICES:
             raise ValueError(f"unknown kernel option {key!r}; known: {', '.join(CHOICES)}")
         if value not in CHOICES[key]:
@@ -147,3 +189,20 @@ def parse_options(spec: str, base: KernelOptions | None = None) -> KernelOptions
             raise ValueError(f"kernel option {key!r} given twice in {spec!r}")
         changes[key] = value
     return base.replace(**changes)
+
+
+def stored_label(options: dict, defaults: dict | None = None) -> str:
+    """The label a results row's ``options`` were stored under: ``label`` of the fields that differ from
+    ``defaults`` (None: today's), a retired option at its first value dropped, at another kept where it
+    stood (``kkt=grouped``: the row measured a removed variant). ValueError for an unknown option or
+    value."""
+    retired = {k: v for k, v in options.items() if k in RETIRED and v != RETIRED[k].choices[0]}
+    for k, v in retired.items():
+        if v not in RETIRED[k].choices:
+            raise ValueError(f"kernel option {k} must be one of {', '.join(RETIRED[k].choices)}, got {v!r}")
+    current = {k: v for k, v in options.items() if k not in retired}
+    items = {**KernelOptions.from_dict({**(defaults or {}), **current}).changed(defaults), **retired}
+    order = list(CHOICES)
+    for name, r in RETIRED.items():
+        order.insert(order.index(r.after) + 1, name)
+    return "+".join(f"{k}={items[k]}" for k in order if k in items)

@@ -14,9 +14,9 @@ import torch
 
 import qlabench.kernels as api
 from qlabench.kernels import KernelOptions
-from qlabench.kernels.options import CHOICES, ENV_VARS, parse_options
+from qlabench.kernels.options import CHOICES, ENV_VARS, RETIRED, parse_options
 
-ENV = tuple(ENV_VARS.values())
+ENV = (*ENV_VARS.values(), *(r.env for r in RETIRED.values()))
 
 
 @pytest.fixture(autouse=True)
@@ -30,7 +30,7 @@ def _clean_env(monkeypatch):
 
 def test_defaults_are_the_default_kernels():
     o = KernelOptions()
-    assert o.as_dict() == {"cp": "auto", "fwd_kernel": "auto", "kkt": "default", "bwd_dh": "auto", "bwd_cp": "auto"}
+    assert o.as_dict() == {"cp": "auto", "fwd_kernel": "auto", "bwd_dh": "auto", "bwd_cp": "auto"}
     assert o.changed() == {} and o.label() == ""
     assert KernelOptions.from_env({}) == o
     assert KernelOptions.from_dict(None) == o and KernelOptions.from_dict({}) == o
@@ -38,17 +38,17 @@ def test_defaults_are_the_default_kernels():
 
 def test_parse_options():
     o = parse_options("cp=on+bwd_dh=ws")
-    assert (o.cp, o.bwd_dh, o.fwd_kernel, o.kkt) == ("on", "ws", "auto", "default")
+    assert (o.cp, o.bwd_dh, o.fwd_kernel) == ("on", "ws", "auto")
     assert o.label() == "cp=on+bwd_dh=ws"
     assert parse_options("bwd_dh=ws+cp=on").label() == "cp=on+bwd_dh=ws"  # field order
-    assert parse_options(" kkt = grouped ").kkt == "grouped"
+    assert parse_options(" fwd_kernel = wy ").fwd_kernel == "wy"
     assert parse_options("cp=auto").label() == ""  # a default value is no variant
     assert KernelOptions.from_dict(o.as_dict()) == o
 
 
 @pytest.mark.parametrize("spec, match", [
     ("cp=maybe", r"cp must be one of auto, on, off, got 'maybe'"),
-    ("speed=fast", r"unknown kernel option 'speed'; known: cp, fwd_kernel, kkt, bwd_dh"),
+    ("speed=fast", r"unknown kernel option 'speed'; known: cp, fwd_kernel, bwd_dh, bwd_cp$"),
     ("cp", r"kernel option 'cp' needs key=value"),
     ("cp=on+", r"empty kernel option"),
     ("cp=on+cp=auto", r"kernel option 'cp' given twice"),
@@ -66,6 +66,41 @@ def test_constructor_and_dict_validate():
         KernelOptions.from_dict({"split": "2"})
 
 
+RETIRED_KKT = r"kernel option kkt \(QLABENCH_KKT\) was removed in session 8: kkt_solve_grouped \(kkt=grouped\) was slower"
+
+
+@pytest.mark.parametrize("request_", [
+    lambda: KernelOptions(kkt="grouped"),
+    lambda: KernelOptions(kkt="default"),
+    lambda: KernelOptions().replace(kkt="grouped"),
+    lambda: parse_options("cp=on+kkt=grouped"),
+    lambda: parse_options("kkt=default"),
+    lambda: KernelOptions.from_env({"QLABENCH_KKT": "grouped"}),
+    lambda: KernelOptions.from_env({"QLABENCH_KKT": "default", "QLABENCH_CP": "on"}),
+    lambda: KernelOptions.from_dict({"kkt": "grouped"}),  # a row of the removed variant is no KernelOptions
+], ids=["field", "field-default", "replace", "spec", "spec-default", "switch", "switch-default", "dict"])
+def test_a_request_for_a_retired_option_says_why_it_went(request_):
+    """kkt (kkt_solve_grouped) was removed: any new request for it raises, naming it, its switch and
+    where the figures are."""
+    with pytest.raises(ValueError, match=RETIRED_KKT) as e:
+        request_()
+    assert "results/h200/NOTES.md" in str(e.value)
+
+
+def test_results_rows_keep_the_retired_option():
+    """Old rows' options hold "kkt": "default" (what every run launches): dropped on reading; a row of
+    kkt=grouped keeps the name it was stored under, the retired option where it stood."""
+    from qlabench.kernels.options import stored_label
+
+    old = {"cp": "on", "fwd_kernel": "auto", "kkt": "default", "bwd_dh": "auto", "bwd_cp": "auto"}
+    assert KernelOptions.from_dict(old) == KernelOptions(cp="on")
+    assert stored_label(old) == "cp=on"
+    assert stored_label({**old, "kkt": "grouped", "bwd_dh": "ws"}) == "cp=on+kkt=grouped+bwd_dh=ws"
+    assert stored_label({"kkt": "grouped"}, {"cp": "off"}) == "kkt=grouped"
+    with pytest.raises(ValueError, match=r"kkt must be one of default, grouped, got 'shared'"):
+        stored_label({"kkt": "shared"})
+
+
 @pytest.mark.parametrize("field", list(CHOICES))
 def test_from_env_names_the_variable(field):
     var = ENV_VARS[field]
@@ -78,11 +113,8 @@ def test_from_env_names_the_variable(field):
 def test_roles_take_explicit_choices(monkeypatch):
     from qlabench.kernels import backward, forward
 
-    monkeypatch.setenv("QLABENCH_KKT", "bogus")  # an explicit choice never reads the switch
-    monkeypatch.setenv("QLABENCH_FWD_KERNEL", "bogus")
+    monkeypatch.setenv("QLABENCH_FWD_KERNEL", "bogus")  # an explicit choice never reads the switch
     monkeypatch.setenv("QLABENCH_BWD_DH", "bogus")
-    assert forward.kkt_role("sm90", 4, "grouped") == "kkt_solve_grouped"
-    assert forward.kkt_role("sm90", 4, "default") == "kkt_solve"
     assert forward.recurrence_role(1, 132, "sm90", "auto") == "chunk_fwd_ws"
     assert forward.recurrence_role(1, 132, "sm90", "auto", bv=32) == "chunk_fwd_ws"
     assert forward.recurrence_role(1, 132, "sm90", "auto", bv=64) == "chunk_fwd_wy"  # the WY form at BV 64
@@ -93,12 +125,11 @@ def test_roles_take_explicit_choices(monkeypatch):
     assert backward._dh_role("sm90", "ws") == "bwd_dh_ws"
     assert backward._dh_role("sm90", "auto") == "bwd_dh_ws"  # sm90's default reverse pass
     assert backward._dh_role("sm90", "pipelined") == backward._dh_role("sm100", "auto") == "bwd_dh"
-    for call in (lambda: forward.kkt_role("sm90", 4, "x"), lambda: forward.recurrence_role(1, 132, "sm90", "x"),
-                 lambda: backward._dh_role("sm90", "x")):
+    for call in (lambda: forward.recurrence_role(1, 132, "sm90", "x"), lambda: backward._dh_role("sm90", "x")):
         with pytest.raises(ValueError, match="'x'"):
             call()
     with pytest.raises(ValueError, match="'bogus'"):  # without a choice the switch is read, as before
-        forward.kkt_role("sm90", 4)
+        forward.recurrence_role(1, 132, "sm90")
 
 
 # --- launches --------------------------------------------------------------------------------------
@@ -200,7 +231,6 @@ def test_default_options_launch_what_the_switches_launched(launches):
 @pytest.mark.parametrize("field, value, env_value", [
     ("fwd_kernel", "pipelined", "pipelined"),
     ("fwd_kernel", "simple", "simple"),
-    ("kkt", "grouped", "grouped"),
     ("bwd_dh", "pipelined", "pipelined"),
 ])
 def test_an_option_launches_what_its_switch_launches(launches, monkeypatch, field, value, env_value):
@@ -212,8 +242,8 @@ def test_an_option_launches_what_its_switch_launches(launches, monkeypatch, fiel
     monkeypatch.setenv(ENV_VARS[field], "bogus")  # explicit options: the switches are not read
     assert _step(launches, options=KernelOptions().replace(**{field: value})) == by_option
     compiled = {entry[2] for entry in by_option if entry[0] == "compile"}
-    assert {"fwd_kernel": {"pipelined": "chunk_fwd_pipelined", "simple": "chunk_fwd"}, "kkt": {"grouped":
-            "kkt_solve_grouped"}, "bwd_dh": {"pipelined": "bwd_dh"}}[field][value] in compiled
+    assert {"fwd_kernel": {"pipelined": "chunk_fwd_pipelined", "simple": "chunk_fwd"},
+            "bwd_dh": {"pipelined": "bwd_dh"}}[field][value] in compiled
 
 
 def test_cp_option_routes_forward_and_backward(monkeypatch):

@@ -24,9 +24,8 @@ def _row(backend, median_ms, split=None, pattern="1x32768", options=None):
 
 def _results():
     return make_results([
-        _row("qla", 0.95, QLA, options={"cp": "auto", "fwd_kernel": "auto", "kkt": "default", "bwd_dh": "auto"}),
-        _row("qla:cp=on", 0.74, QLA_CP, options={"cp": "on", "fwd_kernel": "auto", "kkt": "default",
-                                                 "bwd_dh": "auto"}),
+        _row("qla", 0.95, QLA, options={"cp": "auto", "fwd_kernel": "auto", "bwd_dh": "auto"}),
+        _row("qla:cp=on", 0.74, QLA_CP, options={"cp": "on", "fwd_kernel": "auto", "bwd_dh": "auto"}),
         _row("fla", 0.91, FLA),
         _row("qla", 0.30, None, pattern="8192x4"),  # a case without a split: no table
         _row("fla", 0.40, None, pattern="8192x4"),

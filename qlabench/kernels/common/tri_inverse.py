@@ -17,34 +17,25 @@ import tilelang.language as T
 
 
 @T.macro
-def invert_diag_blocks(L_s, X_s, x, tx, C: int, diag: int, in_registers: bool = True):
+def invert_diag_blocks(L_s, X_s, x, tx, C: int, diag: int):
     """X's ``diag`` x ``diag`` diagonal blocks (C // diag of them), one thread per (block, column):
     X[i, c] = delta_ic - sum_{j<i} L[i, j] X[j, c], j ascending.
 
-    ``in_registers`` (kkt_solve): the thread's column lives in ``x``, the caller's ``diag``-element local
-    buffer (registers: both loops are unrolled in the IR, so every index is a constant and the triangle
-    j < i folds away); X_s is written once at the end, so the substitution reads no X_s and needs no
-    barrier (it replaced a row-by-row version with two 64-thread barriers per row: same operations in
-    the same order, bit-identical results). Otherwise (kkt_solve_grouped, whose v-head loop cannot
-    afford the unrolled column: 194 registers, 2 blocks per SM) ``x`` is a one-element local buffer
-    and the column is built in X_s row by row."""
+    The thread's column lives in ``x``, the caller's ``diag``-element local buffer (registers: both
+    loops are unrolled in the IR, so every index is a constant and the triangle j < i folds away); X_s
+    is written once at the end, so the substitution reads no X_s and needs no barrier (it replaced a
+    row-by-row version with two 64-thread barriers per row: same operations in the same order,
+    bit-identical results)."""
     if tx < C:
         b0 = (tx // diag) * diag
         col = tx % diag
-        if in_registers:
-            for i in T.unroll(diag, explicit=True):
-                x[i] = T.if_then_else(i == col, 1.0, 0.0)
-                for j in T.unroll(diag, explicit=True):
-                    if j < i:
-                        x[i] = x[i] - L_s[b0 + i, b0 + j] * x[j]
-            for i in T.unroll(diag, explicit=True):
-                X_s[b0 + i, b0 + col] = x[i]
-        else:
-            for i in T.serial(diag):
-                x[0] = T.if_then_else(i == col, 1.0, 0.0)
-                for j in T.serial(i):
-                    x[0] = x[0] - L_s[b0 + i, b0 + j] * X_s[b0 + j, b0 + col]
-                X_s[b0 + i, b0 + col] = x[0]
+        for i in T.unroll(diag, explicit=True):
+            x[i] = T.if_then_else(i == col, 1.0, 0.0)
+            for j in T.unroll(diag, explicit=True):
+                if j < i:
+                    x[i] = x[i] - L_s[b0 + i, b0 + j] * x[j]
+        for i in T.unroll(diag, explicit=True):
+            X_s[b0 + i, b0 + col] = x[i]
     T.sync_threads()
 
 
