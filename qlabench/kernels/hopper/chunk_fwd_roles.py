@@ -4,8 +4,13 @@ hopper/chunk_fwd_wy.py differ only in how the state warpgroup forms Vd, and wy's
 Built per compile-time configuration by ``roles(C, K, BV, dtype, state_v_first)``, as TileLang macros
 that inline where the kernel calls them (the generated code is the same as with the bodies written in
 place):
+  * block_run: the block's sequence n, v-head h, qk-head hk, first V column v0, tokens [bos, eos), the
+    chunks it skips (chunk_skip, has_skip) and runs (n_run, in n_pairs ring pairs).
   * produce: the TMA producer's step for chunk c into ring slot c % 2: wait empty[slot], TMA K, V, Ag,
     Q, Pm on full[slot], the chunk's gam rows (g_cumsum, the last real row repeated past eos), arrive.
+  * producer_role / output_role: those warpgroups' whole loops, the chunks in ring pairs (slot 0 then
+    slot 1; ``ring0`` / ``ring1`` = the slots' (Q, K, V, Ag, Pm, gam) tiles, ``hand0`` / ``hand1`` the
+    state's (S, Vd) hand-off tiles by chunk parity), the output's ending with finish_output.
   * output_step: the output warpgroup's step, O = scale diag(e) Q S + Pm Vd with S, Vd from the state
     warpgroup (s_ready, vd_ready), the optional per-chunk h rows, then O of a whole chunk through shared
     memory and one TMA store (BAR_OUTPUT guards O_s), a partial last chunk row by row.
@@ -24,8 +29,11 @@ BAR_OUTPUT = 2  # the output warpgroup's named barrier: O_s free before it is re
 
 class Roles(NamedTuple):
     rows: object
+    block_run: object
     produce: object
+    producer_role: object
     output_step: object
+    output_role: object
     load_state: object
     store_state: object
     finish_output: object
@@ -37,6 +45,21 @@ def roles(C: int, K: int, BV: int, dtype: str, state_v_first: bool) -> Roles:
     def rows(t0, eos, i, value):
         """value on rows of the sequence; zero past its end (other data there: select, not multiply)."""
         return T.if_then_else(t0 + i < eos, value, T.cast(0, dtype))
+
+    @T.macro
+    def block_run(cu_seqlens, chunk_skip, has_skip, iv, nh, h_v: int, group: int):
+        n = nh // h_v
+        h = nh % h_v
+        hk = h // group
+        v0 = iv * BV
+        bos = cu_seqlens[n]
+        eos = cu_seqlens[n + 1]
+        # first chunk run; the row index is guarded too, so a [1, H_v] dummy is never over-read
+        skip_row = T.if_then_else(has_skip != 0, n, 0)
+        skip = T.max(T.if_then_else(has_skip != 0, chunk_skip[skip_row, h], 0), 0)
+        n_run = T.max(T.ceildiv(eos - bos, C) - skip, 0)
+        n_pairs = T.ceildiv(n_run, 2)
+        return n, h, hk, v0, bos, eos, skip, n_run, n_pairs
 
     @T.macro
     def produce(slot: int, c, n_run, bos, eos, skip, h, hk, v0, tx, q, k, v, g_cumsum, Ag, Pm,
@@ -89,6 +112,14 @@ def roles(C: int, K: int, BV: int, dtype: str, state_v_first: bool) -> Roles:
                         o[t0 + i, h, v0 + j] = T.cast(O_f[i, j], dtype)
 
     @T.macro
+    def producer_role(n_pairs, n_run, bos, eos, skip, h, hk, v0, tx, q, k, v, g_cumsum, Ag, Pm, ring0, ring1,
+                      full, empty):
+        for p in T.serial(n_pairs):
+            produce(0, 2 * p, n_run, bos, eos, skip, h, hk, v0, tx, q, k, v, g_cumsum, Ag, Pm, *ring0, full, empty)
+            produce(1, 2 * p + 1, n_run, bos, eos, skip, h, hk, v0, tx, q, k, v, g_cumsum, Ag, Pm, *ring1, full,
+                    empty)
+
+    @T.macro
     def load_state(S_f, h0, has_h0, n, h, v0):
         for i, j in T.Parallel(K, BV):
             if state_v_first:
@@ -113,4 +144,15 @@ def roles(C: int, K: int, BV: int, dtype: str, state_v_first: bool) -> Roles:
                     if eos + c * C + i < n_tok:
                         o[eos + c * C + i, h, v0 + j] = T.cast(0, dtype)
 
-    return Roles(rows, produce, output_step, load_state, store_state, finish_output)
+    @T.macro
+    def output_role(n_pairs, n_run, bos, eos, skip, n, n_cu, n_tok, h, v0, scale, store_h, chunk_offsets, h_out,
+                    o, ring0, ring1, hand0, hand1, O_f, O_s, full, empty, s_ready, vd_ready, o_free):
+        for p in T.serial(n_pairs):
+            output_step(0, 2 * p, n_run, bos, eos, skip, n, h, v0, scale, store_h, chunk_offsets, h_out, o,
+                        ring0[0], ring0[4], ring0[5], *hand0, O_f, O_s, full, empty, s_ready, vd_ready, o_free)
+            output_step(1, 2 * p + 1, n_run, bos, eos, skip, n, h, v0, scale, store_h, chunk_offsets, h_out, o,
+                        ring1[0], ring1[4], ring1[5], *hand1, O_f, O_s, full, empty, s_ready, vd_ready, o_free)
+        finish_output(o, n, n_cu, eos, n_tok, h, v0)
+
+    return Roles(rows, block_run, produce, producer_role, output_step, output_role, load_state, store_state,
+                 finish_output)

@@ -78,7 +78,7 @@ def _chunk_fwd_wy(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: s
     state_shape = (h_v, V, K) if state_v_first else (h_v, K, V)
 
     R = roles(C, K, BV, dtype, state_v_first)  # the shared macros (hopper/chunk_fwd_roles.py)
-    rows, produce, output_step = R.rows, R.produce, R.output_step
+    rows = R.rows
 
     @T.macro
     def wu_step(slot: int, c, n_run, bos, eos, skip, K_s, V_s, Ag_s, gam_s, W_s, Uw_f, W_f, full, wu_ready):
@@ -195,25 +195,14 @@ def _chunk_fwd_wy(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: s
             W_f = T.alloc_fragment((C, K), "float32")
 
             tx = T.get_thread_binding()
-            n = nh // h_v
-            h = nh % h_v
-            hk = h // group
-            v0 = iv * BV
-            bos = cu_seqlens[n]
-            eos = cu_seqlens[n + 1]
-            # first chunk run; the row index is guarded too, so a [1, H_v] dummy is never over-read
-            skip_row = T.if_then_else(has_skip != 0, n, 0)
-            skip = T.max(T.if_then_else(has_skip != 0, chunk_skip[skip_row, h], 0), 0)
-            n_run = T.max(T.ceildiv(eos - bos, C) - skip, 0)
-            n_pairs = T.ceildiv(n_run, 2)
+            ring0, ring1 = (Q0, K0, V0, A0, P0, G0), (Q1, K1, V1, A1, P1, G1)
+            n, h, hk, v0, bos, eos, skip, n_run, n_pairs = R.block_run(cu_seqlens, chunk_skip, has_skip, iv, nh,
+                                                                       h_v, group)
 
             if tx < 128:
                 T.set_max_nreg(NREG_PRODUCER, 0)
-                for p in T.serial(n_pairs):
-                    produce(0, 2 * p, n_run, bos, eos, skip, h, hk, v0, tx, q, k, v, g_cumsum, Ag, Pm,
-                            Q0, K0, V0, A0, P0, G0, full, empty)
-                    produce(1, 2 * p + 1, n_run, bos, eos, skip, h, hk, v0, tx, q, k, v, g_cumsum, Ag, Pm,
-                            Q1, K1, V1, A1, P1, G1, full, empty)
+                R.producer_role(n_pairs, n_run, bos, eos, skip, h, hk, v0, tx, q, k, v, g_cumsum, Ag, Pm, ring0,
+                                ring1, full, empty)
             elif tx < 256:
                 T.set_max_nreg(NREG_STATE, 1)
                 R.load_state(S_f, h0, has_h0, n, h, v0)
@@ -226,14 +215,9 @@ def _chunk_fwd_wy(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: s
                     R.store_state(S_f, ht, n, h, v0)
             elif tx < 384:
                 T.set_max_nreg(NREG_OUTPUT, 0)
-                for p in T.serial(n_pairs):
-                    output_step(0, 2 * p, n_run, bos, eos, skip, n, h, v0, scale, store_h, chunk_offsets,
-                                h_out, o, Q0, P0, G0, S0, D0, O_f, O_s, full, empty, s_ready, vd_ready,
-                                o_free)
-                    output_step(1, 2 * p + 1, n_run, bos, eos, skip, n, h, v0, scale, store_h,
-                                chunk_offsets, h_out, o, Q1, P1, G1, S1, D1, O_f, O_s, full, empty,
-                                s_ready, vd_ready, o_free)
-                R.finish_output(o, n, n_cu, eos, n_tok, h, v0)
+                R.output_role(n_pairs, n_run, bos, eos, skip, n, n_cu, n_tok, h, v0, scale, store_h, chunk_offsets,
+                              h_out, o, ring0, ring1, (S0, D0), (S1, D1), O_f, O_s, full, empty, s_ready,
+                              vd_ready, o_free)
             else:
                 for p in T.serial(n_pairs):
                     wu_step(0, 2 * p, n_run, bos, eos, skip, K0, V0, A0, G0, W0, Uw_f, W_f, full, wu_ready)
