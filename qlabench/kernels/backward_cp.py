@@ -245,31 +245,30 @@ def _bwd_cp(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, s
         dS_loc = torch.empty(P2 + 1, H, K, V, dtype=f32, device=dev)  # + a zero row for the slots
         dS_loc[P2].zero_()
         bwd["bwd_dh"](*views, fac, *rng, dht_loc, *scratch, dS_loc[:P2], p.scale)
-        # Truncation: fallback[j, h] = the piece enters the chain and does not decay below e^threshold.
-        needs = plan.bwd_needs_m[:, None]
-        if transitions is not None:  # the forward chain's M (their transposes) and decisions
+        if transitions is not None:  # the forward chain's M (their transposes) and truncation decisions
             Mt, flag = transitions.adjoint(lo, hi, plan.bwd_needs_m)
-            run_m = False
-        elif decay_threshold is None:
-            fallback = None
-            run_m = True
         else:
-            csum = _chunk_gate_prefix(g2, bounds)(tok_hi)
-            decay = csum[plan.bwd_piece_end] - csum[plan.bwd_piece_start]  # [P2, H]
-            fallback = (decay > decay_threshold) & needs
-            capturing = dev.type == "cuda" and torch.cuda.is_current_stream_capturing()
-            run_m = transition == "always" or capturing or bool(fallback.any())
-        if transitions is None:
+            # Truncation: fallback[j, h] = the piece enters the chain and does not decay below e^threshold.
+            needs = plan.bwd_needs_m[:, None]
+            if decay_threshold is None:
+                fallback = None
+                run_m = True
+            else:
+                csum = _chunk_gate_prefix(g2, bounds)(tok_hi)
+                decay = csum[plan.bwd_piece_end] - csum[plan.bwd_piece_start]  # [P2, H]
+                fallback = (decay > decay_threshold) & needs
+                capturing = dev.type == "cuda" and torch.cuda.is_current_stream_capturing()
+                run_m = transition == "always" or capturing or bool(fallback.any())
             # M^T of (piece, head) pairs that do not enter the chain is never read (flag 0): not zeroed.
             Mt = torch.empty(P2 + 1, H, K, K, dtype=f32, device=dev)
             flag = torch.zeros(P2 + 1, H, dtype=torch.int32, device=dev)  # + the zero row of the slots
-        if run_m:
-            do_zero = torch.empty_like(do2[:tok_hi])
-            do_zero[tok_lo:].zero_()
-            eye = torch.eye(K, dtype=f32, device=dev).expand(P2, H, K, K).contiguous()
-            views[2] = do_zero
-            bwd["bwd_dh"](*views, fac, *rng, eye, *scratch, Mt[:P2], p.scale)
-            flag[:P2] = (needs.expand(P2, H) if fallback is None else fallback).to(torch.int32)
+            if run_m:
+                do_zero = torch.empty_like(do2[:tok_hi])
+                do_zero[tok_lo:].zero_()
+                eye = torch.eye(K, dtype=f32, device=dev).expand(P2, H, K, K).contiguous()
+                views[2] = do_zero
+                bwd["bwd_dh"](*views, fac, *rng, eye, *scratch, Mt[:P2], p.scale)
+                flag[:P2] = (needs.expand(P2, H) if fallback is None else fallback).to(torch.int32)
         # Chain from the last piece backwards (one launch): slot s of long sequence l = dS_start(last_l - s).
         nl = len(plan.long_seqs)
         slots = torch.empty(plan.n_slots - 1, nl, H, K, V, dtype=f32, device=dev)
