@@ -77,6 +77,14 @@ def _refuse_retired(keys) -> None:
             raise retired_error(name)
 
 
+def _check_keys(keys) -> None:
+    """retired_error for a retired option among ``keys``, else ValueError naming the first unknown one."""
+    _refuse_retired(keys)
+    unknown = sorted(set(keys) - set(CHOICES))
+    if unknown:
+        raise ValueError(f"unknown kernel option {unknown[0]!r}; known: {', '.join(CHOICES)}")
+
+
 @dataclass(frozen=True)
 class KernelOptions:
     """Kernel variants of one call. Defaults = the API's default kernels.
@@ -124,17 +132,11 @@ class KernelOptions:
         retired option at its first value (what every run still launches) is dropped; at another, the
         row measured a removed variant: retired_error."""
         d = {k: v for k, v in (d or {}).items() if not (k in RETIRED and v == RETIRED[k].choices[0])}
-        _refuse_retired(d)
-        unknown = sorted(set(d) - set(CHOICES))
-        if unknown:
-            raise ValueError(f"unknown kernel option {unknown[0]!r}; known: {', '.join(CHOICES)}")
+        _check_keys(d)
         return cls(**d)
 
     def replace(self, **changes) -> KernelOptions:
-        _refuse_retired(changes)
-        unknown = sorted(set(changes) - set(CHOICES))
-        if unknown:
-            raise ValueError(f"unknown kernel option {unknown[0]!r}; known: {', '.join(CHOICES)}")
+        _check_keys(changes)
         return KernelOptions(**{**asdict(self), **changes})
 
     def as_dict(self) -> dict[str, str]:
@@ -180,9 +182,7 @@ def parse_options(spec: str, base: KernelOptions | None = None) -> KernelOptions
         key, value = key.strip(), value.strip()
         if not eq:
             raise ValueError(f"kernel option {item!r} needs key=value (keys: {', '.join(CHOICES)})")
-        _refuse_retired([key])
-        if key not in CHOICES:
-            raise ValueError(f"unknown kernel option {key!r}; known: {', '.join(CHOICES)}")
+        _check_keys([key])
         if value not in CHOICES[key]:
             raise ValueError(f"kernel option {key} must be one of {', '.join(CHOICES[key])}, got {value!r}")
         if key in changes:
