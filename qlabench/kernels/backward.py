@@ -22,9 +22,10 @@ memset of the tail rows). The math of each kernel, step for step, is in ``emulat
     host pass), in fp32 for GQA (summed over each group on the host); see `chunk_grads`.
 
 V tile BV of bwd_h and bwd_dh (`_value_tile`): their N * H_v (sequence, v-head) pairs each walk all
-of the sequence's chunks in order, so with few pairs the grid leaves most SMs idle; BV = 32 (when
-the BV = 32 grid fits one wave, forward.value_tile's rule) doubles the blocks, BV = 64 otherwise. sm100's tcgen05
-versions take BV = 64 only. Both tiles compute the same values (every term is per V column).
+of the sequence's chunks in order, so with few pairs the grid leaves most SMs idle; BV = 32 doubles
+the blocks at a cheaper chunk step, taken where the grid's predicted makespan says it finishes first
+(value_tile.py), BV = 64 otherwise. sm100's tcgen05 versions take BV = 64 only. Both tiles compute
+the same values (every term is per V column).
 
 Kernels keep every state in the `[K, V]` layout; for ``state_v_first`` the host transposes the
 per-sequence h0 / dht / dh0 (small), so one compiled kernel set serves both layouts. Nothing here
@@ -88,15 +89,14 @@ def value_tiles(arch: str) -> tuple[int, ...]:
     return _VALUE_TILES[a.name]
 
 
-def _value_tile(n_seq_heads: int, sm_count: int, arch: str) -> int:
-    """V tile of bwd_h / bwd_dh for a grid of ``n_seq_heads`` (sequence, v-head) pairs on ``arch``:
-    forward.value_tile's (32 when the pairs alone fill less than half the SMs, else 64) where the
-    arch's kernels take it, else the arch's widest."""
-    from .forward import value_tile
+def _value_tile(chunks, h_v: int, sm_count: int, arch: str) -> int:
+    """V tile of bwd_h / bwd_dh for chains of ``chunks`` chunks (one per sequence or piece) over
+    ``h_v`` v-heads on ``arch``: the smaller predicted makespan (value_tile.py) among the tiles the
+    arch's kernels take."""
+    from .value_tile import BACKWARD_STEP_US, value_tile
 
     tiles = value_tiles(arch)
-    bv = value_tile(n_seq_heads, sm_count)
-    return bv if bv in tiles else tiles[-1]
+    return value_tile(chunks, h_v, sm_count, {bv: BACKWARD_STEP_US[bv] for bv in tiles})
 
 
 def _kernels(h_qk: int, h_v: int, dtype: str, arch: str, bv: int = _BV, bwd_dh: str | None = None) -> dict:
@@ -222,8 +222,10 @@ def chunk_gated_delta_rule_bwd(q, k, v, g_cumsum, beta, A, do, dht=None, scale=N
     p = _check_inputs(q, k, v, g_cumsum, beta, A, do, dht, scale, initial_state, cu_seqlens,
                       state_v_first, arch.chunk_size)
     from .forward import _sm_count
+    from .value_tile import chain_chunks
 
-    bv = _value_tile(p.N * p.h_v, _sm_count(q.device), arch.name)
+    chunks = chain_chunks(p.seq_bounds, p.N, arch.chunk_size)
+    bv = _value_tile(chunks, p.h_v, _sm_count(q.device), arch.name)
     kernels = _kernels(p.h_qk, p.h_v, _DTYPE_NAMES[q.dtype], arch.name, bv,
                        None if options is None else options.bwd_dh)
     return _bwd_impl(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, state_v_first,

@@ -150,7 +150,10 @@ def chunk_gated_delta_rule_bwd_cp(
         plan = plan_cp(cu_seqlens, heads=plan_heads or p.h_v, sm_count=sms, chunk_size=arch.chunk_size,
                        B=p.B, T=p.T, device=q.device)
     # one V tile for bwd_h / bwd_dh from the grid of the pieces' final pass (P * H_v blocks per tile)
-    bv = backward._value_tile(plan.n_pieces * p.h_v, sms, arch.name)
+    from .value_tile import chain_chunks
+
+    chunks = chain_chunks([(bos, eos) for bos, eos, _ in plan.pieces], plan.n_pieces, arch.chunk_size)
+    bv = backward._value_tile(chunks, p.h_v, sms, arch.name)
     bwd_dh, fwd_kernel = (None, None) if options is None else (options.bwd_dh, options.fwd_kernel)
     kernels = BackwardCPKernels(backward._kernels(p.h_qk, p.h_v, backward._DTYPE_NAMES[q.dtype], arch.name, bv,
                                                   bwd_dh), cp_correct,

@@ -1,7 +1,7 @@
 """Low-level forward: chunk_local_cumsum -> kkt_solve -> chunk recurrence (3 launches; the recurrence
-is hopper/chunk_fwd_ws.py (V tile 32) or chunk_fwd_wy.py (V tile 64) on sm90, the TMA-pipelined
-chunk_fwd elsewhere: recurrence_role, chosen by ``options`` (options.KernelOptions), or by
-QLABENCH_FWD_KERNEL without it).
+is hopper/chunk_fwd_ws.py (V tile 32) or chunk_fwd_wy.py (V tile 64) on sm90, the tile from the
+grid's predicted makespan (value_tile.py), the TMA-pipelined chunk_fwd elsewhere: recurrence_role,
+chosen by ``options`` (options.KernelOptions), or by QLABENCH_FWD_KERNEL without it).
 
 Nothing here syncs with the host: chunk tables are built on the device from cu_seqlens, so a call
 can be captured in a CUDA graph.
@@ -16,20 +16,9 @@ from .common.cumsum import chunk_local_cumsum
 from .dispatch import Arch, arch_for_device, env_choice, has_kernel, kernel_factory
 from .options import KernelOptions
 from .validate import validate
+from .value_tile import FORWARD_STEP_US, chain_chunks, value_tile
 
 _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
-
-
-def value_tile(n_blocks: int, sm_count: int = 132) -> int:
-    """V tile width of the chunk recurrences for ``n_blocks`` (sequence or piece, v-head) chains: 32
-    when the BV = 32 grid (4 blocks per chain) fits in one wave, else 64.
-
-    The recurrences (chunk_fwd_ws, bwd_h_ws, bwd_dh_pipelined) take over 113 KB of shared memory at
-    either tile, so one block per SM: a grid past the SM count runs in two waves. Measured on the H200
-    (bwd_h_ws, 1x32768): hk16_hv16 (64 blocks at BV 32) 876 vs 1040 us at BV 64; hk16_hv64 (256
-    blocks at BV 32, two waves) 1733 vs 1020 us at BV 64. (The rule was 'BV 32 below SMs / 2 chains',
-    which sent 33-65 chains into two waves.)"""
-    return 32 if 4 * n_blocks <= sm_count else 64
 
 
 def chunk_gated_delta_rule_fwd(
@@ -78,7 +67,7 @@ def chunk_gated_delta_rule_fwd(
     h = torch.empty((n_h,) + state, dtype=q.dtype, device=dev)
     o = torch.empty(BT, p.h_v, p.V, dtype=q.dtype, device=dev)
     sms = _sm_count(dev)
-    BV = value_tile(p.N * p.h_v, sms)
+    BV = value_tile(chain_chunks(p.seq_bounds, p.N, C), p.h_v, sms, FORWARD_STEP_US, p.V)
     chunk_fwd_kernel = recurrence_kernel((p.V // BV) * p.N * p.h_v, sms, arch,
                                          None if options is None else options.fwd_kernel, BV)
     kernel = chunk_fwd_kernel(p.h_qk, p.h_v, p.K, p.V, BV, C, dtype, state_v_first, arch.name)

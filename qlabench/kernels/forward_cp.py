@@ -77,8 +77,9 @@ from .common.cp_correct import cp_correct
 from .common.cumsum import chunk_local_cumsum
 from .cp import CPPlan, plan_cp
 from .dispatch import arch_for_device, kernel_factory
-from .forward import _sm_count, recurrence_kernel, value_tile
+from .forward import _sm_count, recurrence_kernel
 from .validate import validate
+from .value_tile import FORWARD_STEP_US, chain_chunks, value_tile
 
 __all__ = ["ForwardKernels", "chunk_gated_delta_rule_fwd_cp"]
 
@@ -191,9 +192,6 @@ def _fwd_cp(q, k, v, g, beta, p, initial_state, cu_seqlens, output_final_state, 
     o = torch.empty(BT, H, V, dtype=q.dtype, device=dev)
     h_dummy = torch.empty((1,) + state, dtype=q.dtype, device=dev)
 
-    def recurrence(n_pieces):
-        return _recurrence(kernels, n_pieces, p, C, dtype, state_v_first, arch, sms)
-
     user_h0 = (initial_state.to(sdt).contiguous() if initial_state is not None
                else torch.zeros((p.N,) + state, dtype=sdt, device=dev))
 
@@ -203,9 +201,9 @@ def _fwd_cp(q, k, v, g, beta, p, initial_state, cu_seqlens, output_final_state, 
     # (d) output pass over all pieces.
     ht_pieces = torch.empty((plan.n_pieces if output_final_state else 1,) + state, dtype=sdt, device=dev)
     no_skip = torch.empty(1, H, dtype=torch.int32, device=dev)  # has_skip = 0: never read
-    recurrence(plan.n_pieces)(q2, k2, v2, g_cumsum, Ag, Pm, plan.cu_pieces, plan.chunk_offsets, no_skip,
-                              h0_pieces, o, ht_pieces, h_dummy, p.scale, 1, int(bool(output_final_state)), 0,
-                              0)
+    kernel = _recurrence(kernels, plan.pieces, p, C, dtype, state_v_first, arch, sms)
+    kernel(q2, k2, v2, g_cumsum, Ag, Pm, plan.cu_pieces, plan.chunk_offsets, no_skip, h0_pieces, o, ht_pieces,
+           h_dummy, p.scale, 1, int(bool(output_final_state)), 0, 0)
     final = ht_pieces[plan.last_piece] if output_final_state else None
     out = (
         g_cumsum.reshape(p.B, p.T, H),
@@ -217,11 +215,12 @@ def _fwd_cp(q, k, v, g, beta, p, initial_state, cu_seqlens, output_final_state, 
     return out + (h0_pieces, transitions) if return_piece_states else out
 
 
-def _recurrence(kernels: ForwardKernels, n_pieces: int, p, C: int, dtype: str, state_v_first: bool, arch,
-                sms: int):
-    """The chunk-recurrence kernel for a launch over ``n_pieces`` pieces."""
-    BV = value_tile(n_pieces * p.h_v, sms)
-    factory = kernels.recurrence((p.V // BV) * n_pieces * p.h_v, sms, arch, bv=BV)
+def _recurrence(kernels: ForwardKernels, pieces, p, C: int, dtype: str, state_v_first: bool, arch, sms: int):
+    """The chunk-recurrence kernel for a launch over ``pieces`` ((bos, eos, sequence) each; the V tile from
+    their lengths, value_tile.py)."""
+    chunks = chain_chunks([(bos, eos) for bos, eos, _ in pieces], len(pieces), C)
+    BV = value_tile(chunks, p.h_v, sms, FORWARD_STEP_US, p.V)
+    factory = kernels.recurrence((p.V // BV) * len(pieces) * p.h_v, sms, arch, bv=BV)
     return factory(p.h_qk, p.h_v, p.K, p.V, BV, C, dtype, state_v_first, arch.name)
 
 
@@ -320,7 +319,7 @@ def piece_initial_states(p, plan, state_v_first, q2, k2, v2, g_cumsum, Ag, Pm, u
         P1 = hi - lo
         tok_hi = plan.pieces[hi - 1][1]
         views = [x[:tok_hi] for x in (q2, k2, v2, g_cumsum, Ag, Pm)]
-        kernel1 = _recurrence(kernels, P1, p, C, dtype, state_v_first, arch, sms)
+        kernel1 = _recurrence(kernels, plan.pieces[lo:hi], p, C, dtype, state_v_first, arch, sms)
         rng = (plan.pass1_cu, plan.pass1_chunk_offsets)
         # (b) warm-up tables, then the local pass: S_loc of every (piece, head) from zero over its
         # warm-up window (the whole piece for fallback heads).

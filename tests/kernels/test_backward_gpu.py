@@ -126,13 +126,26 @@ def test_dense_batch_partial_chunk(gate, nan_buffers):
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_random_varlen_with_tail(seed, nan_buffers):
-    """10 sequences x 8 v-heads = 80 (sequence, v-head) pairs: bwd_h / bwd_dh at BV = 64 on the H200
-    (the other end-to-end cases have at most 33 pairs: BV = 32, backward._value_tile)."""
+    """10 sequences of 1-700 tokens x 8 v-heads (80 (sequence, v-head) pairs; the V tile of bwd_h /
+    bwd_dh is the makespan model's, value_tile.py: 32 on the H200 for these lengths)."""
     rng = random.Random(seed)
     lengths = [1, 33, 63, 64, 65] + [rng.randint(1, 700) for _ in range(5)]
     rng.shuffle(lengths)
     cu, T = _varlen(lengths, tail=rng.randint(1, 100))
     check_backward(make_inputs(T, 2, 8, cu_seqlens=cu, gate=rng.choice(["bench", "qwen"]), h0=seed != 1))
+
+
+def test_varlen_value_tile_64(nan_buffers):
+    """8 sequences x 16 v-heads = 128 (sequence, v-head) pairs of up to 11 chunks: the makespan model
+    (value_tile.py) takes BV = 64 for bwd_h / bwd_dh on the H200 (512 blocks at BV 32 are four waves,
+    256 at BV 64 two), so the end-to-end backward runs that tile too."""
+    from qlabench.kernels.forward import _sm_count
+
+    lengths = [700, 650, 600, 640, 690, 512, 300, 65]
+    if _sm_count(torch.device("cuda")) == 132:
+        assert backward._value_tile([-(-n // 64) for n in lengths], 16, 132, "sm90") == 64
+    cu, T = _varlen(lengths, tail=37)
+    check_backward(make_inputs(T, 4, 16, cu_seqlens=cu, gate="qwen", h0=True))
 
 
 @pytest.mark.parametrize("h_qk", [4, 1], ids=["H4-HV4", "H1-HV1"])
@@ -189,7 +202,7 @@ _KERNEL_OUTPUTS = {
 def test_each_kernel_matches_its_twin(h_qk, h_v, bv, monkeypatch):
     """Each compiled kernel vs its torch twin fed the same inputs (bf16 staging in both); H2-HV4 has
     bwd_chunk sum a group of two v-heads, H2-HV2 one; both V tiles of bwd_h / bwd_dh (the API picks
-    32 when its grid fits one wave, backward._value_tile)."""
+    one by the grid's predicted makespan, backward._value_tile)."""
     from qlabench.kernels.emulate_bwd import KERNEL_TWINS
 
     cu, T = _varlen([1, 33, 63, 64, 65, 150], tail=9)

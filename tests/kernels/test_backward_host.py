@@ -194,15 +194,16 @@ def test_kernels_pick_the_intra_output_dtype(arch, monkeypatch):
 
 
 def test_value_tile_follows_the_grid():
-    """bwd_h / bwd_dh take BV = 32 when the BV = 32 grid (4 blocks per (sequence, v-head) pair) fits
-    one wave of the SMs (forward.value_tile), on sm90; sm100's tcgen05 versions only take 64."""
+    """bwd_h / bwd_dh take BV = 32 where the BV = 32 grid (4 blocks per (sequence, v-head) pair) is
+    predicted to finish first (value_tile.py), on sm90; sm100's tcgen05 versions only take 64."""
     assert backward.value_tiles("sm90") == (32, 64) and backward.value_tiles("sm100") == (64,)
-    assert backward._value_tile(16, 132, "sm90") == 32  # hk16_hv16, one sequence: 4 x 16 = 64 blocks
-    assert backward._value_tile(33, 132, "sm90") == 32  # 132 blocks: one full wave
-    assert backward._value_tile(34, 132, "sm90") == 64  # 136 blocks at BV 32 would need two waves
-    assert backward._value_tile(64, 132, "sm90") == 64  # hk16_hv64, one sequence
-    assert backward._value_tile(4 * 64, 132, "sm90") == 64
-    assert backward._value_tile(16, 148, "sm100") == 64
+    assert backward._value_tile([512], 16, 132, "sm90") == 32  # hk16_hv16 1x32768: 4 x 16 = 64 blocks
+    assert backward._value_tile([512], 33, 132, "sm90") == 32  # 132 blocks: one full wave
+    assert backward._value_tile([512], 34, 132, "sm90") == 64  # 136 blocks at BV 32 would need two waves
+    assert backward._value_tile([512], 64, 132, "sm90") == 64  # hk16_hv64, one sequence
+    assert backward._value_tile([512] * 4, 64, 132, "sm90") == 64
+    assert backward._value_tile([448, 64], 32, 132, "sm90") == 32  # 28672+4096: long blocks first
+    assert backward._value_tile([512], 16, 148, "sm100") == 64
     with pytest.raises(NotImplementedError, match="sm120"):
         backward.value_tiles("sm120")
     with pytest.raises(ValueError, match="bv must be one of"):

@@ -96,7 +96,7 @@ def test_long_T32768_h0(state_v_first):
 @pytest.mark.parametrize("state_v_first", [False, True], ids=["kv", "vk"])
 def test_recurrence_kernels(fwd_kernel, case, state_v_first, monkeypatch):
     """Each recurrence kernel (QLABENCH_FWD_KERNEL) on partial chunks, an empty sequence, a padding
-    tail and h0; 2 sequences x 64 v-heads = 128 blocks picks BV = 64 (forward.value_tile), 16 blocks BV = 32."""
+    tail and h0; 2 sequences x 64 v-heads (128 chains) take BV = 64 (value_tile.py), 5 x 4 take BV = 32."""
     from qlabench.kernels.forward import recurrence_role
 
     monkeypatch.setenv("QLABENCH_FWD_KERNEL", fwd_kernel)

@@ -27,8 +27,8 @@ GEMMs per chunk (wgmma, smem operands, fp32 accumulate): K dS 64xBVx128, Pg^T dO
 Ag^T dV' 64xBVx64, K^T dU 128xBVx64, Q^T eDO 128xBVx64.
 Shared memory (BV = 64, bf16): ring 2 x (Q, K 2 x 16 KB, dO 8 KB, Pg, Ag 2 x 8 KB, factors
 0.75 KB) = ~114 KB; dS 16 KB, dV', dv, dU, eDO 4 x 8 KB: ~162 KB.
-BV = 32 (backward._value_tile picks it on grids under half the SMs) is the same code: each consumer
-warpgroup's wgmma has N = 16 (32 at BV = 64); the TMA tiles that are wgmma operands (dO loaded, dS
+BV = 32 (backward._value_tile picks it where that grid is predicted to finish first) is the same code:
+each consumer warpgroup's wgmma has N = 16 (32 at BV = 64); the TMA tiles that are wgmma operands (dO loaded, dS
 stored out as dh) are laid out in 16-column halves with 32-byte swizzle, in the TMA maps and in the
 wgmma descriptors alike (32-column halves, 64-byte swizzle at BV = 64); as compiled (TileLang 0.1.15,
 sm_90a) 133,120 B of shared memory (165,888 B at BV = 64), no local memory either way.

@@ -1,0 +1,76 @@
+"""V tile of the chunk recurrences: 32 or 64 state columns per block, chosen by the grid's makespan.
+
+The recurrences (forward chunk_fwd_ws at BV 32 / chunk_fwd_wy at BV 64, backward bwd_h and bwd_dh)
+run one block per (sequence or piece, v-head, V tile) that walks every chunk of its chain in order,
+and each takes over 113 KB of shared memory: one block per SM. BV = 32 splits a chain over V / 32 =
+4 blocks whose chunk step is cheaper than BV = 64's (2 blocks), so it wins while its doubled grid
+still finishes first. That depends on the chains' lengths, not only on their count: 28672+4096
+tokens over 32 v-heads is 64 long and 64 short chains; at BV 32 the 128 long blocks fill 128 SMs and
+the short ones run beside and after them (~470 chunk steps of 1.5 us), at BV 64 each long block sits
+alone on its SM for 448 steps of 2.4 us.
+
+Model: blocks are dispatched in grid order (V tile fastest, then v-head, then sequence or piece:
+``T.Kernel(NV, N * H_v)``) to whichever SM frees first, each taking its chain's chunk count times
+the step time of its tile; the host simulates that list schedule (numbers only, no device access)
+and takes the tile with the smaller makespan (32 on a tie). With equal chains this is the wave
+count: BV 32 while its grid fits one wave, 64 from one to two waves. A grid of more than
+``SIMULATED_WAVES`` waves at BV 32 is throughput-bound and takes 64 without simulating: per state
+column BV 64 is the cheaper step (2.38 / 2 < 1.52 forward, 4.68 / 2 < 3.36 backward).
+
+The step times are H200 measurements (results/h200/NOTES.md, sessions 7-9: kernel time / chunks of
+a one-wave grid, 1x32768).
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+from collections.abc import Sequence
+
+# us per chunk step of one block, by V tile
+FORWARD_STEP_US = {32: 1.52, 64: 2.38}  # chunk_fwd_ws, chunk_fwd_wy
+BACKWARD_STEP_US = {32: 1.70 + 1.66, 64: 1.94 + 2.74}  # bwd_h_ws + bwd_dh_ws (one tile serves both)
+SIMULATED_WAVES = 16
+
+
+def chain_chunks(bounds: Sequence[tuple[int, int]] | None, n_chains: int, chunk_size: int) -> tuple[int, ...]:
+    """Chunks of each chain of token ranges ``bounds`` ((bos, eos) per sequence or piece); without
+    ``bounds`` (CUDA-graph capture with no host values) ``n_chains`` equal chains."""
+    if bounds is None:
+        return (1,) * n_chains
+    return tuple(-(-(eos - bos) // chunk_size) for bos, eos in bounds)
+
+
+def makespan(chunks: Sequence[int], h_v: int, n_tiles: int, sm_count: int) -> int:
+    """Chunk steps until the last block ends when the grid's blocks (``n_tiles`` per (chain, v-head),
+    in grid order) are list-scheduled onto ``sm_count`` SMs, one block each."""
+    free = [0] * sm_count  # when each SM frees up
+    end = 0
+    for n in chunks:
+        for _ in range(h_v * n_tiles):
+            t = heapq.heappop(free) + n
+            end = max(end, t)
+            heapq.heappush(free, t)
+    return end
+
+
+@functools.lru_cache(maxsize=256)
+def _choose(chunks: tuple[int, ...], h_v: int, sm_count: int, steps: tuple[tuple[int, float], ...],
+            V: int) -> int:
+    tiles = [bv for bv, _ in steps]
+    if len(tiles) == 1:
+        return tiles[0]
+    narrow = min(tiles)
+    if len(chunks) * h_v * (V // narrow) > SIMULATED_WAVES * sm_count:
+        return max(tiles)
+    cost = {bv: makespan(chunks, h_v, V // bv, sm_count) * us for bv, us in steps}
+    return min(tiles, key=lambda bv: (cost[bv], bv))
+
+
+def value_tile(chunks: Sequence[int], h_v: int, sm_count: int, step_us: dict[int, float],
+               V: int = 128) -> int:
+    """The V tile (a key of ``step_us``) with the smallest predicted makespan for chains of ``chunks``
+    chunks each (one per sequence or piece, `chain_chunks`) over ``h_v`` v-heads on ``sm_count`` SMs."""
+    if h_v < 1 or sm_count < 1:
+        raise ValueError(f"h_v and sm_count must be positive, got {h_v}, {sm_count}")
+    return _choose(tuple(int(n) for n in chunks), h_v, sm_count, tuple(sorted(step_us.items())), V)

@@ -1,0 +1,63 @@
+"""value_tile.py: the recurrences' V tile from the grid's predicted makespan (host numbers only)."""
+
+import pytest
+
+from qlabench.kernels.value_tile import (
+    BACKWARD_STEP_US,
+    FORWARD_STEP_US,
+    SIMULATED_WAVES,
+    chain_chunks,
+    makespan,
+    value_tile,
+)
+
+
+def test_makespan_is_the_list_schedule_in_grid_order():
+    assert makespan([7], 1, 1, 132) == 7
+    assert makespan([3, 5], 1, 1, 1) == 8  # one SM: the blocks one after another
+    assert makespan([3, 5, 2], 1, 1, 2) == 5  # the third block takes the SM freed at step 3
+    assert makespan([512], 16, 4, 132) == 512  # 64 blocks: one wave
+    assert makespan([512], 34, 4, 132) == 1024  # 136 blocks: two waves
+    # 28672+4096 tokens, 32 v-heads, BV 32: 128 long blocks first, the short ones on the other 4 SMs
+    # (7 each by step 448) and the last 100 after the long ones
+    assert makespan([448, 64], 32, 4, 132) == 512
+    assert makespan([448, 64], 32, 2, 132) == 448
+    assert makespan([], 8, 4, 132) == 0
+
+
+@pytest.mark.parametrize("chunks,h_v,want", [
+    ([512], 16, 32),  # hk16_hv16 1x32768: 64 blocks at BV 32
+    ([512], 33, 32),  # 132 blocks: one full wave
+    ([512], 34, 64),  # two waves at BV 32, one at 64
+    ([512], 64, 64),  # hk16_hv64 1x32768
+    ([448, 64], 32, 32),  # hk16_hv32 28672+4096: 778 vs 1066 us predicted
+    ([384, 128], 32, 32),  # 24576+8192: 512 x 1.52 vs 384 x 2.38
+    ([64, 448], 24, 32),  # short sequence first
+    ([256, 256], 48, 64),  # hk16_hv48 16384+16384 backward: 3 waves vs 2 at 1.39x the step
+])
+def test_backward_tiles(chunks, h_v, want):
+    assert value_tile(chunks, h_v, 132, BACKWARD_STEP_US) == want
+
+
+def test_forward_and_backward_differ_where_the_step_ratio_decides():
+    # 96 equal chains: three waves at BV 32 against two at BV 64; the forward's step ratio (2.38 / 1.52)
+    # is above 3 / 2, the backward's (4.68 / 3.36) below
+    assert value_tile([128] * 4, 24, 132, FORWARD_STEP_US) == 32
+    assert value_tile([128] * 4, 24, 132, BACKWARD_STEP_US) == 64
+
+
+def test_throughput_bound_grids_take_the_wide_tile_unsimulated():
+    n = SIMULATED_WAVES * 132 // 4 + 1  # chains: BV 32 past SIMULATED_WAVES waves
+    assert value_tile([1] * n, 1, 132, FORWARD_STEP_US) == 64
+    assert value_tile([1] * n, 1, 132, {64: 1.0}) == 64  # one tile offered: that one
+
+
+def test_chain_chunks():
+    assert chain_chunks([(0, 1), (1, 65), (65, 65), (65, 200)], 4, 64) == (1, 1, 0, 3)
+    assert chain_chunks(None, 3, 64) == (1, 1, 1)  # no host values: equal chains, the wave count decides
+    assert value_tile(chain_chunks(None, 34, 64), 1, 132, FORWARD_STEP_US) == 64
+
+
+def test_bad_sizes_raise():
+    with pytest.raises(ValueError, match="h_v and sm_count must be positive, got 0, 132"):
+        value_tile([1], 0, 132, FORWARD_STEP_US)
