@@ -314,7 +314,8 @@ def _bwd_impl(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens,
     fac = _alloc((ncmax, H, 3, C), f32, dev)
     kernels["bwd_prepare"](q2, k2, g2, b2, A2, bounds, Pg, Ag, fac, p.scale)
     kernels["bwd_h"](k2, v2, A2, fac, cu, offsets, h0, h)
-    kernels["bwd_dh"](q2, k2, do2, Pg, Ag, fac, cu, offsets, dht2, dh, dvp, dv, dh0, p.scale)
+    no_skip = torch.empty(1, p.h_v, dtype=torch.int32, device=q.device)  # has_skip = 0: never read
+    kernels["bwd_dh"](q2, k2, do2, Pg, Ag, fac, cu, offsets, no_skip, dht2, dh, dvp, dv, dh0, p.scale, 0)
     del Pg, Ag, fac
 
     dq_v, dk_v, dbeta, dg = chunk_grads(kernels, p, q2, k2, v2, do2, dvp, dv, g2, b2, A2, h, dh, bounds, C)

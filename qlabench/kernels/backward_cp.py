@@ -44,11 +44,14 @@ Launches:
   (c) bwd_h over all pieces from S_in (all pieces in parallel): h at every chunk start. bwd_h and
       bwd_dh use one V tile, `backward._value_tile` of the P * H_v (piece, v-head) pairs.
   (d) local reverse pass: bwd_dh over the piece range ``plan.bwd_pass`` (every piece that is not
-      first in its sequence; first pieces in between run too, their result unused) from terminal
-      gradient 0, or its sequence's dht for a last piece -> dS_loc (bwd_dh's dh0 output).
-      Transition pass: the same launch with dO = 0 and terminal gradient I (K == V) -> M^T (the
-      identity trick of forward_cp.py, on the adjoint: with dO = 0 the reverse step is linear,
-      dS_prev = M_c^T dS, so from dS = I it ends at M^T).
+      first in its sequence; first pieces in between skip all their chunks) from terminal gradient 0,
+      or its sequence's dht for a last piece -> dS_loc (bwd_dh's dh0 output). A middle piece runs
+      only its first n(j, h) chunks (`local_skips`, the kernel's chunk_skip: n = the first count from
+      the piece start at which the summed gam_C drops below ``decay_threshold``; all of them when it
+      never does). Transition pass (only without the forward's `PieceTransitions`): the same launch
+      with dO = 0 and terminal gradient I (K == V) -> M^T (the identity trick of forward_cp.py, on
+      the adjoint: with dO = 0 the reverse step is linear, dS_prev = M_c^T dS, so from dS = I it ends
+      at M^T), run only by the (piece, head) pairs whose M^T the chain reads.
       Chain over piece positions counted from the end, all long sequences at once: one launch of
       common/cp_correct.py (M^T read only where a piece enters the chain untruncated).
   (e) final reverse pass: bwd_dh over all pieces from the corrected terminal gradients: dh at every
@@ -64,10 +67,14 @@ each piece j of the local reverse range and head h, d(j, h) = sum of g over the 
 the sum of its chunks' final gam, read from g_cumsum). If d < threshold the head's M(j)^T is dropped
 (treated as 0) in the chain; else the exact M(j)^T is used. With ||k_t||_2 = 1 and 0 <= beta_t <= 2,
 ||M(j)^T||_2 = ||M(j)||_2 <= exp(d(j, h)) < e^threshold (forward_cp.py's argument; the spectral
-norm is transpose-invariant). The error e(j) of dS_end(j) obeys e(m) = 0 (the last piece is exact)
-and e(j - 1) = M(j)^T dS_end(j) (dropped) or M(j)^T e(j) (kept), so for every piece j
+norm is transpose-invariant). A dropped (decaying) head's local pass also stops after the first
+n(j, h) chunks: it leaves out D(j) = (M_0 ... M_{n-1})^T G(j), G(j) the exact piece-local gradient
+(terminal 0) at the end of chunk n - 1, with ||D(j)||_2 <= e^threshold ||G(j)||_2 by the same
+argument over the window. The error e(j) of dS_end(j) obeys e(m) = 0 (the last piece is exact) and
+e(j - 1) = M(j)^T dS_end(j) - D(j) (dropped) or M(j)^T e(j) (kept: such a head never crosses the
+threshold, so its local pass is whole), so for every piece j
 
-    ||e(j)||_2 <= e^threshold * max_{i > j} ||dS_end(i)||_2     (e^-10 ~ 4.5e-5)
+    ||e(j)||_2 <= e^threshold * max_{i > j} (||dS_end(i)||_2 + ||G(i)||_2)     (e^-10 ~ 4.5e-5)
 
 with dS_end(i) the exact piece-end gradients (a subset of the exact chunk-end gradients dh). The
 final reverse pass is linear in its terminal gradient and each of its steps is non-expansive on the
@@ -177,6 +184,32 @@ def _chunk_gate_prefix(g2: torch.Tensor, bounds: torch.Tensor):
     return lambda tok_hi: prefix[: tok_hi + 1]
 
 
+def local_skips(plan: CPPlan, g_cumsum: torch.Tensor, decay_threshold: float | None) -> torch.Tensor:
+    """chunk_skip `[P2, H_v]` int32 of the local reverse pass over ``plan.bwd_pass`` (device ops, no
+    host sync): a first piece skips all its chunks (its result is unused); a last piece none (it
+    carries its sequence's dht); a middle piece keeps its first n chunks, n the first count at which
+    the summed gam_C from the piece start drops below ``decay_threshold`` (the rest reach the piece
+    start through a decay below e^threshold), or all of them when it never does (the head falls back,
+    as the chain's M^T).
+
+    Args:
+        g_cumsum: `[n_tok, H_v]` in-chunk cumsum of g (its value on a chunk's last token is gam_C).
+    """
+    m = plan.bwd_fwd_valid.sum(-1)[:, None]  # [P2, 1] chunks per piece
+    skip_all = plan.bwd_skip_all[:, None]
+    if decay_threshold is None:
+        skip = skip_all.expand(-1, g_cumsum.shape[1])
+    else:
+        gam = g_cumsum.t()[:, plan.bwd_fwd_last].to(torch.float64)  # [H, P2, Lf]: chunk r from the start
+        gam = torch.where(plan.bwd_fwd_valid, gam, torch.zeros((), dtype=gam.dtype, device=gam.device))
+        crossed = gam.cumsum(-1) < decay_threshold
+        first = (~crossed).to(torch.int64).cumprod(-1).sum(-1).t()  # [P2, H]: index of the first crossing
+        keep = torch.minimum(first + 1, m)
+        trunc = (plan.bwd_trunc[:, None] == 1) & (first < m)
+        skip = torch.where(trunc, m - keep, torch.zeros_like(keep)) + skip_all
+    return skip.to(torch.int32).contiguous()
+
+
 def _bwd_cp(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, state_v_first, plan,
             decay_threshold, transition, h0_pieces, kernels: BackwardCPKernels, arch, sms: int,
             transitions: PieceTransitions | None = None):
@@ -247,7 +280,8 @@ def _bwd_cp(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, s
         dht_loc = torch.cat([user_dht, zero], 0)[plan.bwd_dht_src].contiguous()
         dS_loc = torch.empty(P2 + 1, H, K, V, dtype=f32, device=dev)  # + a zero row for the slots
         dS_loc[P2].zero_()
-        bwd["bwd_dh"](*views, fac, *rng, dht_loc, *scratch, dS_loc[:P2], p.scale)
+        skip_loc = local_skips(plan, g2, decay_threshold)
+        bwd["bwd_dh"](*views, fac, *rng, skip_loc, dht_loc, *scratch, dS_loc[:P2], p.scale, 1)
         if transitions is not None:  # the forward chain's M (their transposes) and truncation decisions
             Mt, flag = transitions.adjoint(lo, hi, plan.bwd_needs_m)
         else:
@@ -270,8 +304,13 @@ def _bwd_cp(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, s
                 do_zero[tok_lo:].zero_()
                 eye = torch.eye(K, dtype=f32, device=dev).expand(P2, H, K, K).contiguous()
                 views[2] = do_zero
-                bwd["bwd_dh"](*views, fac, *rng, eye, *scratch, Mt[:P2], p.scale)
-                flag[:P2] = (needs.expand(P2, H) if fallback is None else fallback).to(torch.int32)
+                # fallback (piece, head) pairs only: the others skip every chunk (their M^T is never read)
+                read = needs.expand(P2, H) if fallback is None else fallback
+                m = plan.bwd_fwd_valid.sum(-1)[:, None].expand(P2, H)
+                skip_m = torch.where(read, torch.zeros_like(m), m)
+                bwd["bwd_dh"](*views, fac, *rng, skip_m.to(torch.int32).contiguous(), eye, *scratch, Mt[:P2],
+                              p.scale, 1)
+                flag[:P2] = read.to(torch.int32)
         # Chain from the last piece backwards (one launch): slot s of long sequence l = dS_start(last_l - s).
         nl = len(plan.long_seqs)
         slots = torch.empty(plan.n_slots - 1, nl, H, K, V, dtype=f32, device=dev)
@@ -284,8 +323,9 @@ def _bwd_cp(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, s
 
     # (e) final reverse pass over all pieces.
     dh0_pieces = torch.empty(P, H, K, V, dtype=f32, device=dev)
-    bwd["bwd_dh"](q2, k2, do2, Pg, Ag, fac, plan.cu_pieces, plan.chunk_offsets, dht_pieces, dh, dvp, dv,
-                  dh0_pieces, p.scale)
+    no_skip = torch.empty(1, H, dtype=torch.int32, device=dev)  # has_skip = 0: never read
+    bwd["bwd_dh"](q2, k2, do2, Pg, Ag, fac, plan.cu_pieces, plan.chunk_offsets, no_skip, dht_pieces, dh, dvp,
+                  dv, dh0_pieces, p.scale, 0)
     del Pg, Ag, fac
 
     # (f) per-chunk gradients over the original chunks (as backward.py).

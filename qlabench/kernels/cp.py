@@ -137,6 +137,12 @@ class CPPlan:
             the forward's pass1 table), bwd_piece_start / bwd_piece_end `[p_hi - p_lo]` int64,
         bwd_needs_m `[p_hi - p_lo]` bool: the piece's transition enters the chain (neither first nor
             last in its sequence),
+        bwd_trunc `[p_hi - p_lo]` int64: 1 where the local pass may stop early (the piece is neither
+            first nor last: a last piece carries the user's dht, a first piece's result is unused),
+            bwd_skip_all `[p_hi - p_lo]` int64: the chunk count of first pieces (no work), else 0,
+            bwd_fwd_last / bwd_fwd_valid `[p_hi - p_lo, Lf]` int64 / bool: the last token of chunk r
+            of each piece counted from its start (Lf = most chunks of a range piece), for the local
+            pass's truncation (backward_cp.local_skips),
         bwd_dht_src `[p_hi - p_lo]` int64: row of each range piece's local terminal gradient in
             cat(per-sequence dht `[N]`, a zero row): its sequence's dht if it is last, else zero,
         bwd_slot_first `[n_long]` int64: range row of the last piece of long sequence l,
@@ -175,6 +181,10 @@ class CPPlan:
     bwd_piece_start: torch.Tensor | None = None
     bwd_piece_end: torch.Tensor | None = None
     bwd_needs_m: torch.Tensor | None = None
+    bwd_trunc: torch.Tensor | None = None
+    bwd_skip_all: torch.Tensor | None = None
+    bwd_fwd_last: torch.Tensor | None = None
+    bwd_fwd_valid: torch.Tensor | None = None
     bwd_dht_src: torch.Tensor | None = None
     bwd_slot_first: torch.Tensor | None = None
     bwd_slot_src: torch.Tensor | None = None
@@ -284,11 +294,20 @@ def build_plan(cu: list[int], piece_chunks: int | None, chunk_size: int, device)
     if bwd_pass is not None:
         lo, hi = bwd_pass
         zero_row = hi - lo
+        Lf = max(max(-(-(pieces[j][1] - pieces[j][0]) // C) for j in range(lo, hi)), 1)
         bwd.update(
             bwd_pass_cu=up(cu_pieces[lo:hi + 1], i32), bwd_pass_chunk_offsets=up(offsets[lo:hi + 1], i32),
             bwd_piece_start=up([pieces[j][0] for j in range(lo, hi)], i64),
             bwd_piece_end=up([pieces[j][1] for j in range(lo, hi)], i64),
             bwd_needs_m=up([not is_first[j] and not is_last[j] for j in range(lo, hi)], torch.bool),
+            bwd_trunc=up([int(not is_first[j] and not is_last[j]) for j in range(lo, hi)], i64),
+            bwd_skip_all=up([-(-(pieces[j][1] - pieces[j][0]) // C) if is_first[j] else 0 for j in range(lo, hi)],
+                            i64),
+            bwd_fwd_last=up([[min(pieces[j][0] + (r + 1) * C, pieces[j][1]) - 1
+                              if pieces[j][0] + r * C < pieces[j][1] else 0 for r in range(Lf)]
+                             for j in range(lo, hi)], i64).reshape(hi - lo, Lf),
+            bwd_fwd_valid=up([[pieces[j][0] + r * C < pieces[j][1] for r in range(Lf)] for j in range(lo, hi)],
+                             torch.bool).reshape(hi - lo, Lf),
             bwd_dht_src=up([seq[j] if is_last[j] else N for j in range(lo, hi)], i64),
             bwd_slot_first=up([last[n] - lo for n in long_seqs], i64),
             bwd_slot_src=up([[last[n] - 1 - s - lo if s <= counts[n] - 3 else zero_row for n in long_seqs]

@@ -349,8 +349,11 @@ def twin_bwd_h_pipelined(k, v, A, fac, cu_seqlens, chunk_offsets, h0, h_out):
             h_out[off[n] + c] = S_s.to(h_out.dtype)
 
 
-def twin_bwd_dh_pipelined(q, k, do, Pg, Ag, fac, cu_seqlens, chunk_offsets, dht, dh_out, dvp_out, dv_out,
-                          dh0_out, scale):
+def twin_bwd_dh_pipelined(q, k, do, Pg, Ag, fac, cu_seqlens, chunk_offsets, chunk_skip, dht, dh_out, dvp_out,
+                          dv_out, dh0_out, scale, has_skip):
+    """The reverse pass (bwd_dh_ws / bwd_dh_pipelined); with has_skip a (sequence, head) runs only its
+    first m - chunk_skip[n, h] chunks, from dht at the end of the last of them (common/bwd_h.reverse_run);
+    the rows of the chunks it skips are left as they were."""
     C, H = Pg.shape[-1], do.shape[1]
     st = _Stager(dh_out.dtype)
     qf, kf, dof, Pgf, Agf = _expand_heads(q, H), _expand_heads(k, H), do.to(F64), Pg.to(F64), Ag.to(F64)
@@ -358,16 +361,21 @@ def twin_bwd_dh_pipelined(q, k, do, Pg, Ag, fac, cu_seqlens, chunk_offsets, dht,
     for n in range(len(cu) - 1):
         dS = dht[n].to(F64)
         starts = list(range(cu[n], cu[n + 1], C))
+        skip = chunk_skip[n].clamp(min=0).tolist() if has_skip else [0] * H
         for c in reversed(range(len(starts))):
+            run = torch.tensor([c < len(starts) - s for s in skip])  # [H]: heads that run chunk c
+            if not run.any():
+                continue
             t0 = starts[c]
             end = min(t0 + C, cu[n + 1])
             e, r, _, egC = _factors(fac, off[n] + c)
-            dS_s, dVp, dW, dS = _emu_dh(dS, _chunk_rows(qf, t0, end, C), _chunk_rows(kf, t0, end, C),
-                                        _chunk_rows(dof, t0, end, C), _chunk_rows(Pgf, t0, end, C),
-                                        _chunk_rows(Agf, t0, end, C), e, r, egC, scale, st)
-            dh_out[off[n] + c] = dS_s.to(dh_out.dtype)
-            dvp_out[t0:end] = dVp.movedim(0, 1)[: end - t0].to(dvp_out.dtype)
-            dv_out[t0:end] = dW.movedim(0, 1)[: end - t0].to(dv_out.dtype)
+            dS_s, dVp, dW, dS_new = _emu_dh(dS, _chunk_rows(qf, t0, end, C), _chunk_rows(kf, t0, end, C),
+                                            _chunk_rows(dof, t0, end, C), _chunk_rows(Pgf, t0, end, C),
+                                            _chunk_rows(Agf, t0, end, C), e, r, egC, scale, st)
+            dS = torch.where(run[:, None, None], dS_new, dS)
+            dh_out[off[n] + c, run] = dS_s[run].to(dh_out.dtype)
+            dvp_out[t0:end, run] = dVp[run].movedim(0, 1)[: end - t0].to(dvp_out.dtype)
+            dv_out[t0:end, run] = dW[run].movedim(0, 1)[: end - t0].to(dv_out.dtype)
         dh0_out[n] = dS.to(dh0_out.dtype)
 
 

@@ -192,7 +192,7 @@ def test_autograd_path():
 _KERNEL_OUTPUTS = {
     "bwd_prepare": {6: "tok", 7: "tok", 8: "chunk"},
     "bwd_h": {7: "chunk"},
-    "bwd_dh": {9: "chunk", 10: "tok", 11: "tok", 12: "seq"},
+    "bwd_dh": {10: "chunk", 11: "tok", 12: "tok", 13: "seq"},  # after chunk_skip (argument 8)
     "bwd_chunk": {12: "tok", 13: "tok", 14: "tok", 15: "tok"},
 }
 

@@ -46,6 +46,16 @@ def store_z_mask_k(Z_f, Z_s, K_s, t0, eos, C: int, K: int, BV: int, dtype: str):
             K_s[i, d] = T.if_then_else(t0 + i < eos, K_s[i, d], T.cast(0, dtype))
 
 
+def reverse_run(bos, eos, C: int, chunk_skip, has_skip, n, h):
+    """Chunks a reverse pass block runs: its sequence's, less the last ``chunk_skip[n, h]`` ones when
+    ``has_skip`` != 0 (the pass then starts from its terminal gradient at the end of the chunk before
+    them: backward_cp's truncated local pass). The row index is guarded too, so a [1, H_v] dummy with
+    has_skip = 0 is never over-read."""
+    skip_row = T.if_then_else(has_skip != 0, n, 0)
+    skip = T.max(T.if_then_else(has_skip != 0, chunk_skip[skip_row, h], 0), 0)
+    return T.max(T.ceildiv(eos - bos, C) - skip, 0)
+
+
 @T.macro
 def sequence_block(cu_seqlens, chunk_offsets, bx, by, h_v: int, group: int, BV: int):
     """Sequence n, v-head h, its k-head hk, first V column v0, token range [bos, eos) and first chunk

@@ -43,7 +43,7 @@ import functools
 import tilelang.language as T
 
 from ..common.bwd_dh import dw_du, load_chunk, store_dvp_dv, store_state
-from ..common.bwd_h import sequence_block
+from ..common.bwd_h import reverse_run, sequence_block
 from .bwd_common import compile_bwd
 
 
@@ -56,6 +56,7 @@ def bwd_dh_pipelined_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int
     n_seq = T.dynamic("n_seq")
     n_hc = T.dynamic("n_hc")
     n_fc = T.dynamic("n_fc")
+    n_skip = T.dynamic("n_skip")
 
     @T.prim_func
     def bwd_dh_pipelined(
@@ -67,12 +68,14 @@ def bwd_dh_pipelined_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int
         fac: T.Tensor((n_fc, h_v, 3, C), "float32"),
         cu_seqlens: T.Tensor((n_cu,), "int32"),
         chunk_offsets: T.Tensor((n_cu,), "int32"),
+        chunk_skip: T.Tensor((n_skip, h_v), "int32"),
         dht: T.Tensor((n_seq, h_v, K, V), "float32"),
         dh_out: T.Tensor((n_hc, h_v, K, V), dtype),
         dvp_out: T.Tensor((n_tok, h_v, V), dtype),
         dv_out: T.Tensor((n_tok, h_v, V), dtype),
         dh0_out: T.Tensor((n_seq, h_v, K, V), "float32"),
         scale: T.float32,
+        has_skip: T.int32,
     ):
         with T.Kernel(NV, (n_cu - 1) * h_v, threads=256) as (iv, nh):
             Q_s = T.alloc_shared((C, K), dtype)
@@ -91,7 +94,7 @@ def bwd_dh_pipelined_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int
             dW_f = T.alloc_fragment((C, BV), "float32")
 
             n, h, hk, v0, bos, eos, cbase = sequence_block(cu_seqlens, chunk_offsets, iv, nh, h_v, group, BV)
-            n_chunks = T.ceildiv(eos - bos, C)
+            n_chunks = reverse_run(bos, eos, C, chunk_skip, has_skip, n, h)
 
             T.copy(dht[n, h, :, v0:v0 + BV], dS_f)
 

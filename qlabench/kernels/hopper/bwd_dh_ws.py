@@ -6,7 +6,9 @@ tests/kernels/test_bwd_dh_ws_compile.py is its GPU A/B against bwd_dh_pipelined 
 its H200 runs, timings and why it is not the default are in results/h200/NOTES.md.
 
 Same signature, grid and outputs as bwd_dh_pipelined.py, so the host can swap one for the other:
-(q, k, do, Pg, Ag, fac, cu_seqlens, chunk_offsets, dht, dh_out, dvp_out, dv_out, dh0_out, scale);
+(q, k, do, Pg, Ag, fac, cu_seqlens, chunk_offsets, chunk_skip, dht, dh_out, dvp_out, dv_out, dh0_out, scale,
+has_skip); with has_skip a block runs only its sequence's first m - chunk_skip[n, h] chunks, from dht at
+the end of the last of them (common/bwd_h.reverse_run: backward_cp's truncated local pass);
 grid (V / BV, N * H_v), one block per (sequence, v-head, V tile); BV = 32 or 64, C = 64, K = 128.
 
 Formula per chunk, last chunk first (as bwd_dh_pipelined.py; dS = gradient of the state at the chunk
@@ -141,7 +143,7 @@ import tilelang.language as T
 from tilelang import PassConfigKey
 
 from ..common.build import compile_for
-from ..common.bwd_h import sequence_block
+from ..common.bwd_h import reverse_run, sequence_block
 
 THREADS = 384  # producer, state, aux warpgroups
 NREG_PRODUCER = 40
@@ -181,6 +183,7 @@ def _bwd_dh_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str,
     n_seq = T.dynamic("n_seq")
     n_hc = T.dynamic("n_hc")
     n_fc = T.dynamic("n_fc")
+    n_skip = T.dynamic("n_skip")
 
     def rows(t0, eos, i, value):
         """value on rows of the sequence; zero past its end (a select, not a multiply)."""
@@ -292,12 +295,14 @@ def _bwd_dh_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str,
         fac: T.Tensor((n_fc, h_v, 3, C), "float32"),
         cu_seqlens: T.Tensor((n_cu,), "int32"),
         chunk_offsets: T.Tensor((n_cu,), "int32"),
+        chunk_skip: T.Tensor((n_skip, h_v), "int32"),
         dht: T.Tensor((n_seq, h_v, K, V), "float32"),
         dh_out: T.Tensor((n_hc, h_v, K, V), dtype),
         dvp_out: T.Tensor((n_tok, h_v, V), dtype),
         dv_out: T.Tensor((n_tok, h_v, V), dtype),
         dh0_out: T.Tensor((n_seq, h_v, K, V), "float32"),
         scale: T.float32,
+        has_skip: T.int32,
     ):
         with T.Kernel(NV, (n_cu - 1) * h_v, threads=THREADS) as (iv, nh):
             # input ring, slot 0 and slot 1
@@ -341,7 +346,7 @@ def _bwd_dh_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str,
 
             tx = T.get_thread_binding()
             n, h, hk, v0, bos, eos, cbase = sequence_block(cu_seqlens, chunk_offsets, iv, nh, h_v, group, BV)
-            n_chunks = T.ceildiv(eos - bos, C)
+            n_chunks = reverse_run(bos, eos, C, chunk_skip, has_skip, n, h)
             n_pairs = T.ceildiv(n_chunks, 2)
 
             if tx < 128:
