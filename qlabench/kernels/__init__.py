@@ -40,40 +40,42 @@ def cp_mode(options: KernelOptions | None = None) -> str:
     return option_value(options, "cp")
 
 
-# cp=auto's rule (the default), measured on the H200 (results/h200/NOTES.md, sessions 6 and 8). CP pays
-# where few (sequence, v-head) chains run long: forward 0.82 vs 0.98 ms and backward 1.76 vs 2.48 at
-# hk2_hv8 1x32768 (8 chains), 0.81 vs 0.89 and 1.75 vs 2.25 at hk2_hv8 28672+4096 (10.3 effective
-# chains); at 8192 tokens the forward loses (hk2_hv8 1x8192: 0.34 vs 0.26 ms), and at 32+ chains both
-# lost. At 16 chains over 32768 tokens the slower forward and faster backward cancelled in session 6;
-# since the pieces' passes run chunk_fwd_wy (BV 64) and the CP backward reuses the forward chain's
-# transitions (session 8, kernel sums, us), CP wins both there: hk16_hv16 1x32768 forward 1003 vs 1034,
-# backward 2885 vs 3487 (hk4_hv16 1x32768 with CP: forward 990, backward 2545). So: cp.py's
-# plan must turn on, and the call must have at most CP_MAX_CHAINS effective chains (H_v * total chunks /
-# longest sequence's chunks, cp.py's Be * H) and a sequence of at least CP_MIN_TOKENS tokens (the
-# shortest measured win).
-CP_MAX_CHAINS = 16
-CP_MIN_TOKENS = 28672
+# cp=auto's rule (the default), measured on the H200 (results/h200/NOTES.md, sessions 6, 8 and 9): CP pays
+# where few (sequence, v-head) chains run long, and its backward gains more than its forward. Kernel sums,
+# off vs on, us: forward / backward at 8 chains hk2_hv8 1x8192 236 vs 263 / 645 vs 421, 1x16384 463 vs
+# 375 / 1256 vs 725, 12288+4096 (10.7 effective chains) 367 vs 346 / 1036 vs 700; at 16 chains hk16_hv16
+# 1x16384 530 vs 596 / 1764 vs 1513 (hk4_hv16 alike), 1x32768 1034 vs 1003 / 3487 vs 2885; at 32+
+# chains both lost. So a call takes CP when cp.py's plan turns on and some (chains, tokens) entry of the
+# rule admits it: at most that many effective chains (H_v * total chunks / the longest sequence's chunks,
+# cp.py's Be * H) and a sequence of at least that many tokens. A forward whose inputs require grad takes
+# the training entries (its backward reuses the pieces), an inference forward the forward-only ones.
+CP_RULE_FORWARD = ((12, 12288), (16, 28672))
+CP_RULE_TRAINING = ((8, 8192), (12, 12288), (16, 16384))
 
 
-def cp_rule(plan, heads: int) -> bool:
-    """cp=auto's decision for an enabled cp.py ``plan`` of a call with ``heads`` v-heads (see above)."""
+def cp_rule(plan, heads: int, for_backward: bool = False) -> bool:
+    """cp=auto's decision for an enabled cp.py ``plan`` of a call with ``heads`` v-heads (see above);
+    ``for_backward``: the call's backward will run (the training entries)."""
     from .cp import effective_chains
 
     tokens = plan.seq_tokens
-    return (max(tokens, default=0) >= CP_MIN_TOKENS
-            and effective_chains(tokens, heads, plan.chunk_size) <= CP_MAX_CHAINS)
+    longest = max(tokens, default=0)
+    chains = effective_chains(tokens, heads, plan.chunk_size)
+    rule = CP_RULE_TRAINING if for_backward else CP_RULE_FORWARD
+    return any(chains <= max_chains and longest >= min_tokens for max_chains, min_tokens in rule)
 
 
 def _forward(q, k, v, g, beta, *, scale, initial_state, cu_seqlens, output_final_state, output_h, state_v_first,
-             options: KernelOptions | None = None):
-    """The forward kernels, with intra-card CP (forward_cp.py) when the plan turns it on.
+             options: KernelOptions | None = None, for_backward: bool = False):
+    """The forward kernels, with intra-card CP (forward_cp.py) when the plan turns it on (``for_backward``:
+    a backward will follow, `cp_rule`).
 
     Returns chunk_gated_delta_rule_fwd's five entries plus ``cp`` = (plan, h0_pieces, transitions) when CP ran,
     else None: the backward runs its CP mirror (backward_cp.py) from the same pieces.
     """
     from .forward import chunk_gated_delta_rule_fwd
 
-    plan = _cp_plan(q, v, cu_seqlens, options) if not output_h else None
+    plan = _cp_plan(q, v, cu_seqlens, options, for_backward=for_backward) if not output_h else None
     if plan is not None:
         from .forward_cp import chunk_gated_delta_rule_fwd_cp
 
@@ -89,14 +91,16 @@ def _forward(q, k, v, g, beta, *, scale, initial_state, cu_seqlens, output_final
     return (*out, None)
 
 
-def _cp_plan(q, v, cu_seqlens, options: KernelOptions | None = None, mode: str | None = None):
+def _cp_plan(q, v, cu_seqlens, options: KernelOptions | None = None, mode: str | None = None,
+             for_backward: bool = False):
     """The CP plan of a call when ``mode`` (default: the cp option, QLABENCH_CP without options) and
-    the plan's rule turn CP on, else None."""
+    the plan's rule (`cp_rule` with ``for_backward``) turn CP on, else None."""
     mode = cp_mode(options) if mode is None else mode
     if mode == "off":
         return None
     B, T, H = v.shape[:3]
-    if mode == "auto" and (H > CP_MAX_CHAINS or T < CP_MIN_TOKENS):
+    rule = CP_RULE_TRAINING if for_backward else CP_RULE_FORWARD
+    if mode == "auto" and not any(H <= c and T >= t for c, t in rule):
         return None  # cp_rule decided from shapes alone (chains >= H_v, longest <= T): no plan, no host read
     from .cp import plan_cp
     from .dispatch import arch_for_device
@@ -105,7 +109,7 @@ def _cp_plan(q, v, cu_seqlens, options: KernelOptions | None = None, mode: str |
     plan = plan_cp(cu_seqlens, heads=H, sm_count=_sm_count(q.device),
                    chunk_size=arch_for_device(q.device).chunk_size, B=B, T=T, device=q.device,
                    enable=True if mode == "on" else None)
-    if not plan.enabled or (mode == "auto" and not cp_rule(plan, H)):
+    if not plan.enabled or (mode == "auto" and not cp_rule(plan, H, for_backward)):
         return None
     return plan
 
@@ -148,10 +152,12 @@ class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, state_v_first,
                 options=None):
+        # any differentiable input (q, k, v, g, beta, initial_state): a backward may follow (cp_rule)
+        for_backward = any(ctx.needs_input_grad[i] for i in (0, 1, 2, 3, 4, 6))
         g_cumsum, A, o, _, final_state, ctx.cp = _forward(
             q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
             output_final_state=output_final_state, output_h=False, state_v_first=state_v_first,
-            options=options,
+            options=options, for_backward=for_backward,
         )
         ctx.options = options  # the backward runs the variants the forward was called with
         ctx.save_for_backward(q, k, v, g_cumsum, beta, A, initial_state, cu_seqlens)

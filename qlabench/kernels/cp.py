@@ -29,7 +29,8 @@ CP pays one extra pass plus a correction, so it only helps when those chains lea
 
 (FlashQLA's SM90 thresholds 40 / 56 at 132 SMs, scaled with the SM count). The API's default
 (cp=auto) takes a plan only where our kernels were measured to gain from it, a stricter rule on top of
-this one (`api.cp_rule`: at most 16 effective chains and a 28672+-token sequence).
+this one (`api.cp_rule`: a table of (most effective chains, fewest tokens of the longest sequence),
+one for inference forwards and a wider one for forwards whose backward follows).
 
 Tensor-parallel sharding. Upstream plans with the local head count, so a 16-head model run on 4 TP
 ranks (4 heads each) cut its sequences differently from the unsharded run and the results differed

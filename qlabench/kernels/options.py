@@ -91,7 +91,8 @@ class KernelOptions:
 
     Attributes:
         cp: ``auto`` | ``on`` | ``off`` (QLABENCH_CP): intra-card CP of the forward and its backward;
-            ``auto`` (the default) follows the measured rule of `api.cp_rule`.
+            ``auto`` (the default) follows the measured rule of `api.cp_rule` (wider when the inputs
+            require grad).
         fwd_kernel: ``auto`` | ``ws`` | ``wy`` | ``pipelined`` | ``simple`` (QLABENCH_FWD_KERNEL; ``ws``
             and ``wy`` raise ValueError on archs without them; ``auto``: forward.recurrence_role).
         bwd_dh: ``auto`` | ``ws`` | ``pipelined`` (QLABENCH_BWD_DH; ``ws`` is sm90 only).

@@ -29,11 +29,12 @@ def stubs(monkeypatch):
     return calls
 
 
-def _call(T, H, cu=None, output_h=False):
+def _call(T, H, cu=None, output_h=False, for_backward=False):
     x = torch.zeros(1, T, H, 128)
     cu = None if cu is None else torch.tensor(cu, dtype=torch.int32)
     out = api._forward(x, x, x, x[..., 0], x[..., 0], scale=1.0, initial_state=None, cu_seqlens=cu,
-                       output_final_state=True, output_h=output_h, state_v_first=False)
+                       output_final_state=True, output_h=output_h, state_v_first=False,
+                       for_backward=for_backward)
     assert len(out) == 6  # the five forward entries + the CP state for the backward (or None)
     if out[0] == "cp":
         plan, h0_pieces, transitions = out[5]
@@ -44,8 +45,9 @@ def _call(T, H, cu=None, output_h=False):
 
 
 def test_auto_by_default_follows_the_measured_rule(stubs, monkeypatch):
-    """cp=auto (the default): cp.py's plan, <= 16 effective chains and a 28672+-token sequence
-    (api.cp_rule); cp.py alone would also cut the 32-head and the 8192-token calls."""
+    """cp=auto (the default): cp.py's plan and an entry of api.cp_rule's table, the forward-only one
+    (<= 12 effective chains from 12288 tokens, <= 16 from 28672) here; cp.py alone would also cut the
+    32-head and the 8192-token calls."""
     monkeypatch.delenv("QLABENCH_CP", raising=False)
     assert cp_mode() == "auto"
     assert _call(32768, 8) == "cp"  # one 32k sequence, 8 heads: 8 chains
@@ -57,10 +59,24 @@ def test_auto_by_default_follows_the_measured_rule(stubs, monkeypatch):
     assert _call(32768, 16, cu=[0, 28672, 32768]) == "plain"  # 18.3 effective chains
     assert _call(32768, 32) == "plain"  # 32 chains: CP lost
     assert _call(8192, 8) == "plain"  # 8192 tokens: the forward loses
+    assert _call(16384, 8) == "cp"  # 8 chains from 12288 tokens
+    assert _call(16384, 16) == "plain"  # 16 chains need 28672
     assert _call(1024, 8, cu=list(range(0, 1025, 128))) == "plain"  # 2-chunk sequences: nothing to cut
     assert _call(32768, 64) == "plain"  # 64 heads fill the GPU
     monkeypatch.setenv("QLABENCH_CP", "auto")
     assert _call(32768, 4) == "cp"
+
+
+def test_auto_with_a_backward_takes_the_training_entries(stubs, monkeypatch):
+    """A forward whose backward follows (for_backward) takes CP earlier: the backward's gain outweighs the
+    forward's loss (<= 8 chains from 8192 tokens, <= 12 from 12288, <= 16 from 16384)."""
+    monkeypatch.delenv("QLABENCH_CP", raising=False)
+    assert _call(8192, 8, for_backward=True) == "cp"
+    assert _call(8192, 12, for_backward=True) == "plain"
+    assert _call(16384, 16, for_backward=True) == "cp"
+    assert _call(12288, 16, for_backward=True) == "plain"
+    assert _call(32768, 32, for_backward=True) == "plain"
+    assert _call(16384, 16, cu=[0, 12288, 16384], for_backward=True) == "plain"  # 21.3 effective chains
 
 
 def test_off_and_on(stubs, monkeypatch):
@@ -128,3 +144,21 @@ def test_bwd_cp_plan_modes(monkeypatch):
     two = torch.tensor([0, 32768, 65536], dtype=torch.int32)  # 2 sequences x 4 heads = 8 chains
     x = torch.zeros(1, 65536, 4, 1)
     assert api.bwd_cp_plan(x, x, two, KernelOptions()) is None
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["inference", "training"])
+def test_the_api_tells_the_forward_whether_a_backward_follows(grad, stubs, monkeypatch):
+    """chunk_gated_delta_rule hands _forward for_backward = some input requires grad (cp_rule's table)."""
+    seen = []
+
+    def fake_forward(q, *args, **kw):
+        seen.append(kw["for_backward"])
+        o = torch.zeros(q.shape[:3] + (128,))
+        return None, None, o, None, torch.zeros(1, q.shape[2], 128, 128), None
+
+    monkeypatch.setattr(api, "_forward", fake_forward)
+    x = torch.zeros(1, 64, 2, 128, dtype=torch.bfloat16)
+    v = x.clone().requires_grad_(grad)
+    g, beta = torch.zeros(1, 64, 2), torch.ones(1, 64, 2)
+    api.chunk_gated_delta_rule(x, x, v, g, beta, output_final_state=True)
+    assert seen == [grad]
