@@ -45,11 +45,14 @@ def cp_mode(options: KernelOptions | None = None) -> str:
 # off vs on, us: forward / backward at 8 chains hk2_hv8 1x8192 236 vs 263 / 645 vs 421, 1x16384 463 vs
 # 375 / 1256 vs 725, 12288+4096 (10.7 effective chains) 367 vs 346 / 1036 vs 700; at 16 chains hk16_hv16
 # 1x16384 530 vs 596 / 1764 vs 1513 (hk4_hv16 alike), 1x32768 1034 vs 1003 / 3487 vs 2885; at 32+
-# chains both lost. So a call takes CP when cp.py's plan turns on and some (chains, tokens) entry of the
+# chains both lost. Timed end to end (CUDA graph, h200-fwd) the CP forward also pays ~40 us of launch
+# gaps over its kernel sum: hk2_hv8 1x16384 0.462 -> 0.422 ms and 24576+8192 0.716 -> 0.682, but
+# 12288+4096 0.365 -> 0.395; so the forward-only entries start at 16384 tokens (8 chains) and 24576
+# (12 chains). So a call takes CP when cp.py's plan turns on and some (chains, tokens) entry of the
 # rule admits it: at most that many effective chains (H_v * total chunks / the longest sequence's chunks,
 # cp.py's Be * H) and a sequence of at least that many tokens. A forward whose inputs require grad takes
 # the training entries (its backward reuses the pieces), an inference forward the forward-only ones.
-CP_RULE_FORWARD = ((12, 12288), (16, 28672))
+CP_RULE_FORWARD = ((8, 16384), (12, 24576), (16, 28672))
 CP_RULE_TRAINING = ((8, 8192), (12, 12288), (16, 16384))
 
 

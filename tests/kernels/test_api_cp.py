@@ -46,7 +46,7 @@ def _call(T, H, cu=None, output_h=False, for_backward=False):
 
 def test_auto_by_default_follows_the_measured_rule(stubs, monkeypatch):
     """cp=auto (the default): cp.py's plan and an entry of api.cp_rule's table, the forward-only one
-    (<= 12 effective chains from 12288 tokens, <= 16 from 28672) here; cp.py alone would also cut the
+    (<= 8 effective chains from 16384 tokens, <= 12 from 24576, <= 16 from 28672) here; cp.py alone would also cut the
     32-head and the 8192-token calls."""
     monkeypatch.delenv("QLABENCH_CP", raising=False)
     assert cp_mode() == "auto"
@@ -59,7 +59,9 @@ def test_auto_by_default_follows_the_measured_rule(stubs, monkeypatch):
     assert _call(32768, 16, cu=[0, 28672, 32768]) == "plain"  # 18.3 effective chains
     assert _call(32768, 32) == "plain"  # 32 chains: CP lost
     assert _call(8192, 8) == "plain"  # 8192 tokens: the forward loses
-    assert _call(16384, 8) == "cp"  # 8 chains from 12288 tokens
+    assert _call(16384, 8) == "cp"  # 8 chains from 16384 tokens
+    assert _call(16384, 8, cu=[0, 12288, 16384]) == "plain"  # 10.7 effective chains need 24576
+    assert _call(32768, 8, cu=[0, 24576, 32768]) == "cp"
     assert _call(16384, 16) == "plain"  # 16 chains need 28672
     assert _call(1024, 8, cu=list(range(0, 1025, 128))) == "plain"  # 2-chunk sequences: nothing to cut
     assert _call(32768, 64) == "plain"  # 64 heads fill the GPU
