@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from qlabench import __version__
+from qlabench.recipe import GATE_PROFILES  # torch-free: the commands import their heavy modules when run
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
@@ -40,7 +41,7 @@ def _setup_error(msg: str) -> None:
               help="Comma list from `qlabench list backends`; qla variants as qla:key=value+key=value "
               "(qla:cp=on+bwd_dh=ws), each its own column [default: the sweep's; else qla,fla,flash_qla "
               "on CUDA, torch on the CPU].")
-@click.option("--gate-profile", type=click.Choice(["bench", "qwen", "extreme", "logsigmoid"]), default=None,
+@click.option("--gate-profile", type=click.Choice(GATE_PROFILES), default=None,
               help="Gate distribution [default: the sweep's, else bench].")
 @click.option("--device", type=click.Choice(["cuda", "cpu"]), default=None,
               help="Where to run [default: cuda when a GPU is visible; without one, cpu with --quick].")
@@ -316,7 +317,7 @@ def env_cmd(as_json) -> None:
               help="Pattern sets and/or patterns, as for `qlabench run` [default: the sweep's, else the phase's set].")
 @click.option("--phase", default=None,
               help="fwd, bwd, fwdbwd or all (comma list allowed) [default: the sweep's phases, else fwd].")
-@click.option("--gate-profile", type=click.Choice(["bench", "qwen", "extreme", "logsigmoid"]), default=None,
+@click.option("--gate-profile", type=click.Choice(GATE_PROFILES), default=None,
               help="Gate distribution of the inputs [default: the sweep's, else bench].")
 @click.option("--backends", default=None,
               help="Comma list from `qlabench list backends` [default: fla,flash_qla on CUDA, torch on the CPU; "

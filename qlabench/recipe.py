@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-GATE_PROFILES = ("bench", "qwen", "extreme", "logsigmoid")
+GATE_PROFILES = ("bench", "qwen", "qwen_strong_last", "extreme", "logsigmoid")
 BETA_PROFILES = ("sigmoid", "near0", "near1")
 DEFAULT_GATE_PROFILE = "bench"
 DEFAULT_BETA_PROFILE = "sigmoid"

@@ -17,12 +17,13 @@ Gate profiles (natural-log gate g, fp32, always <= 0):
     ``bench``       logsigmoid(randn) / 16, with 25% of the v-heads at g = 0 (FlashQLA's benchmark)
     ``qwen``        -A_h * softplus(0.5 randn + 1), A_h ~ U(0, 16) per v-head, the first head at
                     A = 0 and the last at A = 16 (FlashQLA's unit tests: strong decay, up to ~ -20)
+    ``qwen_strong_last``  ``qwen``, except that with one v-head that head is the strong one (A = 16), not
+                    an undecayed one (the same draws as ``qwen`` for two or more v-heads); the kernel
+                    tests' ``qwen`` (tests/kernels/gdn_inputs.py) and the stress sweep's few-head group,
+                    where the one strongly decaying head is not diluted among 8-16 others.
     ``extreme``     ``qwen`` with A_h ~ U(0, 30), the last head at A = 30: about -40 per token there
                     (a chunk's cumulative gate reaches -2500: exp(-gam) overflows fp32)
     ``logsigmoid``  logsigmoid(randn) (FLA's benchmarks)
-    ``qwen_strong_last``  ``qwen``, except that with one v-head that head is the strong one (A = 16), not
-                    an undecayed one; the kernel tests' ``qwen`` (tests/kernels/gdn_inputs.py). Not a
-                    sweep profile (``recipe.GATE_PROFILES``): only ``make_gate`` draws it.
 
 ``make_gate`` is the one definition of these profiles: the suite's inputs and the kernel tests' inputs
 (tests/kernels/gdn_inputs.py) both draw their gates through it.
@@ -56,9 +57,6 @@ from .recipe import (  # noqa: F401 - the recipe's names, re-exported beside the
 HEAD_DIM = 128
 _BETA_SHIFT = {"sigmoid": 0.0, "near0": -8.0, "near1": 8.0}  # beta = sigmoid(randn + shift)
 _GATE_A_MAX = {"qwen": 16.0, "extreme": 30.0, "qwen_strong_last": 16.0}  # the largest per-head decay rate A_h
-# Gate profiles make_gate draws beyond the suite's (GATE_PROFILES, what a sweep or --gate-profile names):
-# the kernel tests' variants, kept under their own names where they differ from a suite profile.
-TEST_GATE_PROFILES = ("qwen_strong_last",)
 DEFAULT_CUT_SEED = 42
 # The largest pattern a run accepts, checked while parsing, before anything is allocated: 16M tokens
 # (512x the 32k patterns; q, k, v alone would be ~100 GB at 16 heads) in at most 64k sequences.
@@ -224,8 +222,8 @@ def make_gate(profile: str, T: int, h_v: int, gen: torch.Generator, device, *, b
     Every row of a batch shares the per-head choices (the zeroed heads of ``bench``, A_h of ``qwen``);
     with ``batch=1`` (the suite's packed inputs) the draws are the same as they have always been.
     """
-    if profile not in GATE_PROFILES and profile not in TEST_GATE_PROFILES:
-        raise ValueError(f"unknown gate profile {profile!r}; known: {', '.join(GATE_PROFILES + TEST_GATE_PROFILES)}")
+    if profile not in GATE_PROFILES:
+        raise ValueError(f"unknown gate profile {profile!r}; known: {', '.join(GATE_PROFILES)}")
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ValueError(f"batch must be an int >= 1, got {batch!r}")
     x = torch.randn(batch, T, h_v, generator=gen, device=device, dtype=torch.float32)

@@ -7,6 +7,7 @@ import shutil
 import pytest
 
 from qlabench import config as C
+from qlabench.workload import Pattern, parse_pattern
 
 QWEN = {"hk2_hv8": (2, 8), "hk4_hv16": (4, 16), "hk8_hv32": (8, 32), "hk16_hv64": (16, 64),
         "hk16_hv32": (16, 32), "hk8_hv24": (8, 24), "hk16_hv48": (16, 48), "hk16_hv16": (16, 16),
@@ -21,7 +22,14 @@ def test_presets_hold_flashqla_qwen_set():
     assert presets["hk32_hv32"].model == "Sym h32"
 
 
-@pytest.mark.parametrize("name,hq,hv", [("hk3_hv9", 3, 9), ("hk1_hv1", 1, 1), ("hk64_hv128", 64, 128)])
+def test_stress_presets_are_listed():
+    presets = C.load_presets()
+    assert presets["hk1_hv1"] == C.Preset("hk1_hv1", 1, 1, "stress: one head")
+    assert presets["hk4_hv4"] == C.Preset("hk4_hv4", 4, 4, "stress: 4 heads")
+    assert C.resolve_preset("hk1_hv1").model == "stress: one head"
+
+
+@pytest.mark.parametrize("name,hq,hv", [("hk3_hv9", 3, 9), ("hk1_hv3", 1, 3), ("hk64_hv128", 64, 128)])
 def test_any_hk_hv_parses(name, hq, hv):
     p = C.resolve_preset(name)
     assert (p.h_qk, p.h_v, p.model) == (hq, hv, name)
@@ -116,13 +124,28 @@ def test_stress_sweep_axes():
     sw = C.load_sweep("stress")
     cases = sw.cases
     assert sw.arch == "sm90" and sw.phases == ["fwd", "bwd"] and sw.backends == ["qla", "fla", "flash_qla"]
-    assert len(cases) == 104 and len({c.label for c in cases}) == 104
-    assert {c.gate_profile for c in cases} == {"bench", "qwen", "extreme"}
+    assert len(cases) == 128 and len({c.label for c in cases}) == 128
+    assert [c.phase for c in cases].count("fwd") == [c.phase for c in cases].count("bwd") == 64
+    assert {c.gate_profile for c in cases} == {"bench", "qwen", "extreme", "qwen_strong_last"}
     assert {c.beta_profile for c in cases} == {"sigmoid", "near0", "near1"}
     assert {c.h0_scale for c in cases} == {1.0, 100.0}
     assert max(c.preset.h_v // c.preset.h_qk for c in cases) == 8
-    long = sorted({c.pattern.total_tokens for c in cases if c.preset.name == "hk2_hv8"})
+    long = sorted({c.pattern.total_tokens for c in cases if c.preset.name == "hk2_hv8" and not c.pattern.pad})
     assert long == [8192, 16384, 32768, 65536, 131072, 262144]
+    # issue #20: one strongly decaying v-head among 1, 4 or 8, short varlen batches with a padding tail,
+    # h0 (the sweep default): 12 input sets per phase, each pattern its own seed
+    few = [c for c in cases if c.gate_profile == "qwen_strong_last"]
+    assert len(few) == 24 and {c.preset.name for c in few} == {"hk1_hv1", "hk4_hv4", "hk2_hv8"}
+    assert {(c.beta_profile, c.h0_scale) for c in few} == {("sigmoid", 1.0)}
+    for phase in ("fwd", "bwd"):
+        sets = {(c.preset.name, c.pattern.name) for c in few if c.phase == phase}
+        assert len(sets) == 12
+    patterns = {c.pattern for c in few}
+    assert len(patterns) == 4 and "300+1+64+129+65+pad37" in {p.name for p in patterns}
+    for p in patterns:
+        assert p.pad > 0 and 1 <= min(p.seqlens) and max(p.seqlens) <= 300 and p.n_seqs >= 5
+        assert any(n % 64 for n in p.seqlens)  # a partial chunk
+    assert parse_pattern("300+1+64+129+65+pad37") == Pattern("300+1+64+129+65+pad37", (300, 1, 64, 129, 65), 37)
     padded = next(c.pattern for c in cases if c.pattern.pad)
     assert padded.pad == 1000 and padded.seqlens.count(1) == 256
     assert padded.seqlens.count(63) == 64 and padded.seqlens.count(65) == 64
@@ -161,6 +184,22 @@ def test_sweep_groups_are_a_union_of_cross_products(config_copy):
     assert sw.cases[2].pattern.pad == 5 and sw.cases[3].label == "fwd-hk2_hv4-2*3+pad5-bench-beta=near1-h0x10"
 
 
+def test_qwen_strong_last_in_a_sweep_and_as_the_gate_option(config_copy):
+    (config_copy / "sweeps" / "mine.toml").write_text(
+        'presets = ["hk1_hv1", "hk4_hv4"]\nphases = ["bwd"]\nseqlens = ["5+1+pad2"]\ngate_profile = "qwen_strong_last"\n')
+    sw = C.load_sweep("mine")
+    assert [(c.preset.model, c.gate_profile, c.label) for c in sw.cases] == [
+        ("stress: one head", "qwen_strong_last", "bwd-hk1_hv1-5+1+pad2-qwen_strong_last"),
+        ("stress: 4 heads", "qwen_strong_last", "bwd-hk4_hv4-5+1+pad2-qwen_strong_last")]
+    assert C.check_gate_profile("qwen_strong_last") == "qwen_strong_last"
+    from qlabench import runsetup as RS
+
+    sel = RS.select_cases("h200-fwd", seqlens="1x64", gate_profile="qwen_strong_last")
+    assert len(sel.cases) == 9 and sel.gate_profile == "qwen_strong_last"
+    sel = RS.select_cases(cfgs="hk1_hv1", seqlens="1x64", gate_profile="qwen_strong_last")
+    assert [c.gate_profile for c in sel.cases] == ["qwen_strong_last"]
+
+
 @pytest.mark.parametrize("text,match", [
     (GROUPED.replace('beta_profile = "near1"', 'gate = "qwen"'), r"groups\[1\] has unknown keys \['gate'\]"),
     (GROUPED.replace('"near1"', '"near2"'), r"groups\[1\]\.beta_profile: unknown beta profile 'near2'"),
@@ -189,7 +228,7 @@ def test_options_replace_parts_of_a_sweep():
     # a grouped sweep: no option -> its cases; options keep the groups' pairings
     stress = C.load_sweep("stress").cases
     sel = RS.select_cases("stress")
-    assert sel.cases == stress and sel.gate_profile == "qwen,extreme,bench"
+    assert sel.cases == stress and sel.gate_profile == "qwen,extreme,bench,qwen_strong_last"
     fwd = RS.select_cases("stress", phase="fwd").cases
     assert fwd == [c for c in stress if c.phase == "fwd"]
     one = RS.select_cases("stress", cfgs="hk4_hv8").cases

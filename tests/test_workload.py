@@ -135,7 +135,7 @@ def test_gate_logsigmoid_and_unknown():
     assert (g < 0).all() and -0.9 < float(g.mean()) < -0.7
     with pytest.raises(ValueError, match="nope"):
         _gate("nope")
-    assert set(GATE_PROFILES) == {"bench", "qwen", "extreme", "logsigmoid"}
+    assert set(GATE_PROFILES) == {"bench", "qwen", "qwen_strong_last", "extreme", "logsigmoid"}
 
 
 def test_kernel_test_inputs_draw_their_gates_through_workload(monkeypatch):
@@ -163,7 +163,7 @@ def test_kernel_test_inputs_draw_their_gates_through_workload(monkeypatch):
         inp = gdn_inputs.make_inputs(40, 2, 4, B=3, gate=gate, device="cpu", D=8, seed=1)
         [(args, g)] = calls
         assert args == (profile, 40, 4, 3) and torch.equal(inp["g"], g)
-    assert set(gdn_inputs.GATE_PROFILE.values()) <= set(GATE_PROFILES) | set(workload.TEST_GATE_PROFILES)
+    assert set(gdn_inputs.GATE_PROFILE.values()) <= set(GATE_PROFILES)
     with pytest.raises(ValueError, match="'nope'"):
         gdn_inputs.make_inputs(40, 2, 4, gate="nope", device="cpu", D=8)
     # no formula of its own: no logsigmoid / softplus / randperm in gdn_inputs.make_inputs
@@ -192,6 +192,19 @@ def test_kernel_test_gate_values():
         b = make_gate("qwen_strong_last", 64, h_v, torch.Generator().manual_seed(7), "cpu")
         assert torch.equal(a, b)
     assert float(make_gate("qwen", 64, 1, torch.Generator().manual_seed(7), "cpu").abs().max()) == 0.0
+
+
+def test_qwen_strong_last_is_a_suite_profile():
+    """The stress sweep's few-head profile: make_workload (the suite's inputs) draws it, the lone v-head
+    of hk1_hv1 decays strongly (qwen leaves it at A = 0), and with more v-heads it is qwen's draw."""
+    w = make_workload(1, 1, (300, 1, 64, 129, 65), "qwen_strong_last", seed=5, head_dim=16, pad=37)
+    assert w.g.shape == (1, 596, 1) and float(w.g.mean()) < -15 and float(w.g.max()) < -1
+    assert float(make_workload(1, 1, (64,), "qwen", seed=5, head_dim=16).g.abs().max()) == 0.0
+    for h_qk, h_v in ((4, 4), (2, 8)):
+        a = make_workload(h_qk, h_v, (30, 1, 7), "qwen_strong_last", seed=9, head_dim=16, pad=3)
+        b = make_workload(h_qk, h_v, (30, 1, 7), "qwen", seed=9, head_dim=16, pad=3)
+        assert torch.equal(a.g, b.g) and torch.equal(a.q, b.q) and torch.equal(a.dht, b.dht)
+        assert float(a.g[..., -1].mean()) < -15 and float(a.g[..., 0].abs().max()) == 0.0
 
 
 def test_make_gate_batch_shares_head_choices_and_keeps_batch1_draws():
