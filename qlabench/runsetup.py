@@ -178,6 +178,26 @@ def prepare_out(out: Path) -> R.OutputLock:
         raise RunSetupError(str(e)) from None
 
 
+# The `run` block's fields that describe which cases the file selects (not how they were measured): a
+# resume whose selection gained presets, gate profiles, phases or backends (a sweep that grew) widens
+# them, so the report's Config line and `n_cases` describe every row; the rows carry their own values.
+_SELECTION_LISTS = ("presets", "phases", "backends")
+
+
+def _widen_selection(old_run: dict, new_run: dict) -> None:
+    """``old_run``'s selection fields widened in place by ``new_run``'s (order kept, new entries last)."""
+    for key in _SELECTION_LISTS:
+        old, new = old_run.get(key), new_run.get(key)
+        if isinstance(old, list) and isinstance(new, list):
+            old_run[key] = old + [x for x in new if x not in old]
+    old_g, new_g = old_run.get("gate_profile"), new_run.get("gate_profile")
+    if isinstance(old_g, str) and isinstance(new_g, str):
+        names = old_g.split(",")
+        old_run["gate_profile"] = ",".join(names + [g for g in new_g.split(",") if g not in names])
+    if isinstance(old_run.get("n_cases"), int) and isinstance(new_run.get("n_cases"), int):
+        old_run["n_cases"] = max(old_run["n_cases"], new_run["n_cases"])
+
+
 def open_results(out: Path, env: dict, run: dict, resume: bool) -> dict:
     """A fresh results dict, or with --resume the existing file's (same GPU and the same
     MEASUREMENT_SETTINGS required), saved at once: a place that cannot take the file fails here, before
@@ -200,6 +220,7 @@ def open_results(out: Path, env: dict, run: dict, resume: bool) -> dict:
             raise RunSetupError(str(e)) from None
         res["env"].setdefault("resumed_at", []).append(env["timestamp"])
         res["run"].setdefault("resumed_argv", []).append(run["argv"])
+        _widen_selection(res["run"], run)
     else:
         res = R.new_results(env, run)
     try:

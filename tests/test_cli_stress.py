@@ -98,6 +98,10 @@ def test_resume_of_a_file_whose_sweep_gained_a_group(tmp_path):
     new = [r for r in data["rows"] if r["gate_profile"] == "qwen_strong_last"]
     assert sorted((r["phase"], r["preset"]) for r in new) == [
         ("bwd", "hk1_hv1"), ("bwd", "hk2_hv8"), ("fwd", "hk1_hv1"), ("fwd", "hk2_hv8")]
-    # the run block stays the first run's (its case count and gate list), the resume is appended
-    assert data["run"]["n_cases"] == 4 and data["run"]["gate_profile"] == "qwen,extreme"
+    # the run block's selection is widened by the resume (the report's Config line names every gate
+    # profile of the rows), its measurement settings stay, the resume is appended
+    assert data["run"]["n_cases"] == 8
+    assert data["run"]["gate_profile"] == "qwen,extreme,qwen_strong_last"
+    assert data["run"]["presets"] == ["hk1_hv2", "hk1_hv1", "hk2_hv8"]
+    assert data["run"]["phases"] == ["fwd", "bwd"] and data["run"]["backends"] == ["torch"]
     assert len(data["run"]["resumed_argv"]) == 1
