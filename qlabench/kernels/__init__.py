@@ -48,7 +48,7 @@ def cp_mode(options: KernelOptions | None = None) -> str:
 # chains both lost. Timed end to end (CUDA graph, h200-fwd) the CP forward also pays ~40 us of launch
 # gaps over its kernel sum: hk2_hv8 1x16384 0.462 -> 0.422 ms and 24576+8192 0.716 -> 0.682, but
 # 12288+4096 0.365 -> 0.395; so the forward-only entries start at 16384 tokens (8 chains) and 24576
-# (12 chains). So a call takes CP when cp.py's plan turns on and some (chains, tokens) entry of the
+# (12 chains). A call takes CP when cp.py's plan turns on and some (chains, tokens) entry of the
 # rule admits it: at most that many effective chains (H_v * total chunks / the longest sequence's chunks,
 # cp.py's Be * H) and a sequence of at least that many tokens. A forward whose inputs require grad takes
 # the training entries (its backward reuses the pieces), an inference forward the forward-only ones.
