@@ -56,16 +56,21 @@ CP_RULE_FORWARD = ((8, 16384), (12, 24576), (16, 28672))
 CP_RULE_TRAINING = ((8, 8192), (12, 12288), (16, 16384))
 
 
+def _cp_rule_admits(chains: float, longest: int, for_backward: bool) -> bool:
+    """Some entry of the table (training or forward-only) admits ``chains`` effective chains whose
+    longest sequence has ``longest`` tokens."""
+    rule = CP_RULE_TRAINING if for_backward else CP_RULE_FORWARD
+    return any(chains <= max_chains and longest >= min_tokens for max_chains, min_tokens in rule)
+
+
 def cp_rule(plan, heads: int, for_backward: bool = False) -> bool:
     """cp=auto's decision for an enabled cp.py ``plan`` of a call with ``heads`` v-heads (see above);
     ``for_backward``: the call's backward will run (the training entries)."""
     from .cp import effective_chains
 
     tokens = plan.seq_tokens
-    longest = max(tokens, default=0)
     chains = effective_chains(tokens, heads, plan.chunk_size)
-    rule = CP_RULE_TRAINING if for_backward else CP_RULE_FORWARD
-    return any(chains <= max_chains and longest >= min_tokens for max_chains, min_tokens in rule)
+    return _cp_rule_admits(chains, max(tokens, default=0), for_backward)
 
 
 def _forward(q, k, v, g, beta, *, scale, initial_state, cu_seqlens, output_final_state, output_h, state_v_first,
@@ -102,8 +107,7 @@ def _cp_plan(q, v, cu_seqlens, options: KernelOptions | None = None, mode: str |
     if mode == "off":
         return None
     B, T, H = v.shape[:3]
-    rule = CP_RULE_TRAINING if for_backward else CP_RULE_FORWARD
-    if mode == "auto" and not any(H <= c and T >= t for c, t in rule):
+    if mode == "auto" and not _cp_rule_admits(H, T, for_backward):
         return None  # cp_rule decided from shapes alone (chains >= H_v, longest <= T): no plan, no host read
     from .cp import plan_cp
     from .dispatch import arch_for_device

@@ -98,7 +98,13 @@ import torch
 from .common.chunks import chunk_table, f32_buffers
 from .common.cp_correct import cp_correct
 from .cp import CPPlan, plan_cp
-from .forward_cp import ForwardKernels, PieceTransitions, check_cp_arguments, piece_initial_states
+from .forward_cp import (
+    ForwardKernels,
+    PieceTransitions,
+    check_cp_arguments,
+    first_crossing,
+    piece_initial_states,
+)
 
 __all__ = ["BackwardCPKernels", "chunk_gated_delta_rule_bwd_cp"]
 
@@ -159,7 +165,7 @@ def chunk_gated_delta_rule_bwd_cp(
     # one V tile for bwd_h / bwd_dh from the grid of the pieces' final pass (P * H_v blocks per tile)
     from .value_tile import chain_chunks
 
-    chunks = chain_chunks([(bos, eos) for bos, eos, _ in plan.pieces], plan.n_pieces, arch.chunk_size)
+    chunks = chain_chunks(plan.pieces, plan.n_pieces, arch.chunk_size)
     bv = backward._value_tile(chunks, p.h_v, sms, arch.name)
     bwd_dh, fwd_kernel = (None, None) if options is None else (options.bwd_dh, options.fwd_kernel)
     kernels = BackwardCPKernels(backward._kernels(p.h_qk, p.h_v, backward._DTYPE_NAMES[q.dtype], arch.name, bv,
@@ -200,10 +206,8 @@ def local_skips(plan: CPPlan, g_cumsum: torch.Tensor, decay_threshold: float | N
     if decay_threshold is None:
         skip = skip_all.expand(-1, g_cumsum.shape[1])
     else:
-        gam = g_cumsum.t()[:, plan.bwd_fwd_last].to(torch.float64)  # [H, P2, Lf]: chunk r from the start
-        gam = torch.where(plan.bwd_fwd_valid, gam, torch.zeros((), dtype=gam.dtype, device=gam.device))
-        crossed = gam.cumsum(-1) < decay_threshold
-        first = (~crossed).to(torch.int64).cumprod(-1).sum(-1).t()  # [P2, H]: index of the first crossing
+        # chunks counted from the piece start
+        first = first_crossing(g_cumsum, plan.bwd_fwd_last, plan.bwd_fwd_valid, decay_threshold)  # [P2, H]
         keep = torch.minimum(first + 1, m)
         trunc = (plan.bwd_trunc[:, None] == 1) & (first < m)
         skip = torch.where(trunc, m - keep, torch.zeros_like(keep)) + skip_all

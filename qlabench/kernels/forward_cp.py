@@ -218,10 +218,26 @@ def _fwd_cp(q, k, v, g, beta, p, initial_state, cu_seqlens, output_final_state, 
 def _recurrence(kernels: ForwardKernels, pieces, p, C: int, dtype: str, state_v_first: bool, arch, sms: int):
     """The chunk-recurrence kernel for a launch over ``pieces`` ((bos, eos, sequence) each; the V tile from
     their lengths, value_tile.py)."""
-    chunks = chain_chunks([(bos, eos) for bos, eos, _ in pieces], len(pieces), C)
+    chunks = chain_chunks(pieces, len(pieces), C)
     BV = value_tile(chunks, p.h_v, sms, FORWARD_STEP_US, p.V)
     factory = kernels.recurrence((p.V // BV) * len(pieces) * p.h_v, sms, arch, bv=BV)
     return factory(p.h_qk, p.h_v, p.K, p.V, BV, C, dtype, state_v_first, arch.name)
+
+
+def first_crossing(g_cumsum: torch.Tensor, last: torch.Tensor, valid: torch.Tensor, threshold: float):
+    """`[P, H_v]` int64: for each piece j and head h, the first r at which the running sum of gam_C over
+    the chunks ``last[j, 0..r]`` drops below ``threshold`` (Lr, the table's width, where it never does).
+
+    Args:
+        g_cumsum: `[n_tok, H_v]` in-chunk cumsum of g (on a chunk's last token: gam_C).
+        last, valid: `[P, Lr]` int64 / bool: the last token of each piece's r-th chunk in the order
+            the sum walks (cp.py's pass1_rev_* from the piece end, bwd_fwd_* from its start), and
+            which entries are chunks of the piece (the others add 0).
+    """
+    gam = g_cumsum.t()[:, last].to(torch.float64)  # [H, P, Lr]
+    gam = torch.where(valid, gam, torch.zeros((), dtype=gam.dtype, device=gam.device))
+    crossed = gam.cumsum(-1) < threshold
+    return (~crossed).to(torch.int64).cumprod(-1).sum(-1).t()
 
 
 def warmup_skips(plan: CPPlan, g_cumsum: torch.Tensor, decay_threshold: float | None):
@@ -245,12 +261,9 @@ def warmup_skips(plan: CPPlan, g_cumsum: torch.Tensor, decay_threshold: float | 
         reached = torch.zeros((), dtype=torch.bool, device=m.device)
         n_fwd = m
     else:
-        # gam_C of chunk (m_j - 1 - r) of piece j at [h, j, r], 0 past the piece's first chunk.
-        gam = g_cumsum.t()[:, plan.pass1_rev_last].to(torch.float64)  # [H, P1, Lr]
-        gam = torch.where(plan.pass1_rev_valid, gam, torch.zeros((), dtype=gam.dtype, device=gam.device))
-        crossed = gam.cumsum(-1) < decay_threshold  # the last r + 1 chunks decay below e^threshold
-        first = (~crossed).to(torch.int32).cumprod(-1).sum(-1).t()  # [P1, H]: index of the first crossing
-        reached = first < crossed.shape[-1]  # zero padding never crosses first: first < m_j here
+        # chunks counted back from the piece end: the last r + 1 chunks decay below e^threshold
+        first = first_crossing(g_cumsum, plan.pass1_rev_last, plan.pass1_rev_valid, decay_threshold)
+        reached = first < plan.pass1_rev_last.shape[-1]  # zero padding never crosses first: first < m_j here
         n_fwd = first + 1
     fallback = needed & ~reached
     zero = torch.zeros((), dtype=m.dtype, device=m.device)

@@ -33,12 +33,13 @@ BACKWARD_STEP_US = {32: 1.70 + 1.66, 64: 1.94 + 2.74}  # bwd_h_ws + bwd_dh_ws (o
 SIMULATED_WAVES = 16
 
 
-def chain_chunks(bounds: Sequence[tuple[int, int]] | None, n_chains: int, chunk_size: int) -> tuple[int, ...]:
-    """Chunks of each chain of token ranges ``bounds`` ((bos, eos) per sequence or piece); without
-    ``bounds`` (CUDA-graph capture with no host values) ``n_chains`` equal chains."""
+def chain_chunks(bounds: Sequence[tuple[int, ...]] | None, n_chains: int, chunk_size: int) -> tuple[int, ...]:
+    """Chunks of each chain of token ranges ``bounds`` ((bos, eos, ...) per sequence or piece: a
+    validated call's seq_bounds, a CP plan's pieces); without ``bounds`` (CUDA-graph capture with no
+    host values) ``n_chains`` equal chains."""
     if bounds is None:
         return (1,) * n_chains
-    return tuple(-(-(eos - bos) // chunk_size) for bos, eos in bounds)
+    return tuple(-(-(b[1] - b[0]) // chunk_size) for b in bounds)
 
 
 def makespan(chunks: Sequence[int], h_v: int, n_tiles: int, sm_count: int) -> int:
