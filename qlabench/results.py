@@ -178,7 +178,7 @@ def save(results: dict, path) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(_finite_or_none(results), f, indent=1, allow_nan=False, default=_jsonable)
+            json.dump(as_stored(results), f, indent=1, allow_nan=False, default=_jsonable)
             f.write("\n")
             f.flush()
             os.fsync(f.fileno())
@@ -238,14 +238,15 @@ class OutputLock:
         self.fd = None
 
 
-def _finite_or_none(x):
-    """NaN/Inf have no JSON spelling: they are stored as null (the row's message names them)."""
+def as_stored(x):
+    """``x`` as the results file holds it: NaN/Inf have no JSON spelling, so they are stored as null
+    (the row's message names them). Readers of in-memory rows (the end-of-run table) use this view."""
     if isinstance(x, float) and not math.isfinite(x):
         return None
     if isinstance(x, dict):
-        return {k: _finite_or_none(v) for k, v in x.items()}
+        return {k: as_stored(v) for k, v in x.items()}
     if isinstance(x, list):
-        return [_finite_or_none(v) for v in x]
+        return [as_stored(v) for v in x]
     return x
 
 

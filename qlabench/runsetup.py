@@ -21,7 +21,9 @@ from .runner import _short
 
 
 def format_tables(results: dict) -> str:
-    """FlashQLA's H200 layout via qlabench.report.tables; a minimal private table when unavailable."""
+    """FlashQLA's H200 layout via qlabench.report.tables; a minimal private table when unavailable.
+    The rows are read as stored (a non-finite error is null there, NaN in memory)."""
+    results = R.as_stored(results)
     try:
         from qlabench.report.tables import format_h200_tables
     except ImportError:
