@@ -16,17 +16,28 @@ piece is a zero row of the caller's table (flag 0).
 Product precision. M X runs on tensor cores in bf16 with a hi / lo split of both factors
 (Y = bf16(Y) + bf16(Y - bf16(Y)) for Y = M, X): M X ~ M_hi X_hi + M_hi X_lo + M_lo X_hi, three products
 with fp32 accumulation; the dropped M_lo X_lo term and the rounding of the lo parts leave a relative error
-of about 2^-16 per step (one bf16 product: 2^-8), so a chain of 30+ steps stays near fp32.
+of about 2^-16 per step (one bf16 product: 2^-8), so a chain of 30+ steps stays near fp32. M's split is
+done once for every row before the launch (``cp_correct``: two bf16 tensors, the same roundings the
+kernel did per step before, session 10); X's in the kernel.
+
+Loads. The chain's step s needs M_hi, M_lo and the L tile of row j = src[s] only, not X, so they are
+prefetched: TMA loads into a 2-stage ring (one mbarrier per stage), issued two steps ahead, so a step
+waits only on its products. (Before: every step read M as fp32 from global memory with plain loads and
+split it in registers, all on the chain: ~8.5 us per step at hk2_hv8 1x32768, 136 us per launch.)
 
 Grid: (V / BV, nl * H_v), one block per (V tile, long sequence, v-head) walking the chain; 128 threads
-(one warpgroup: 128-row products are two m64 wgmma row blocks on sm90).
-Shared memory (K = 128, BV = 32): M_hi, M_lo 2 x 32 KB + X^T hi / lo 2 x 8 KB = 80 KB (two blocks per SM).
+(one warpgroup: 128-row products are two m64 wgmma row blocks on sm90). The steps run in pairs (stage 0,
+stage 1) so the ring's buffers are indexed by Python constants.
+Shared memory (K = 128, BV = 32): ring 2 x (M_hi, M_lo 2 x 32 KB + L tile 16 KB) = 160 KB + X^T hi / lo
+2 x 8 KB = 176 KB (one block per SM; the grids are small: V / BV x long sequences x heads). sm120 / sm121
+(99 KB per block) get one stage, 96 KB: the next step's loads then start when a step ends.
 Registers: X and the product accumulator, K x BV fp32 each: 32 + 32 per thread.
 """
 
 import functools
 
 import tilelang.language as T
+import torch
 
 from .build import compile_for
 
@@ -39,57 +50,86 @@ def cp_correct_kernel(H: int, K: int, V: int, BV: int, arch: str):
     if V % BV:
         raise ValueError(f"V ({V}) must be a multiple of the V tile BV ({BV})")
     NV = V // BV
+    S = 1 if arch.startswith("sm12") else 2  # ring stages: two need 176 KB, over sm120's 99 KB per block
     n_out = T.dynamic("n_out")
     n_steps = T.dynamic("n_steps")
     n_src = T.dynamic("n_src")
     n_long = T.dynamic("n_long")
 
+    @T.macro
+    def fetch(st: int, s, l, h, v0, L, M_hi, M_lo, src, Mh_s, Ml_s, L_s, full):
+        """Stage st <- step s's M_hi, M_lo rows and L tile (TMA on full[st]); nothing past the chain."""
+        if s < n_out - 1:
+            j = src[s, l]
+            T.tma_copy(M_hi[j, h, :, :], Mh_s, barrier=full[st])
+            T.tma_copy(M_lo[j, h, :, :], Ml_s, barrier=full[st])
+            T.tma_copy(L[j, h, :, v0:v0 + BV], L_s, barrier=full[st])
+            T.mbarrier_arrive(full[st])
+
+    @T.macro
+    def step(st: int, s, l, h, v0, L, M_hi, M_lo, flag, src, out, Mh_s, Ml_s, L_s, Xt_hi, Xt_lo, X_f, P_f,
+             full):
+        """X <- L[j] + flag[j] M[j] X for step s (stage st), stored as out[s + 1]; then stage st <- step s + S."""
+        if s < n_out - 1:
+            j = src[s, l]
+            T.mbarrier_wait_parity(full[st], (s // S) & 1)
+            if flag[j, h] != 0:
+                for i, c in T.Parallel(K, BV):
+                    Xt_hi[c, i] = T.cast(X_f[i, c], "bfloat16")
+                for i, c in T.Parallel(K, BV):
+                    Xt_lo[c, i] = T.cast(X_f[i, c] - T.cast(T.cast(X_f[i, c], "bfloat16"), "float32"), "bfloat16")
+                T.gemm(Mh_s, Xt_hi, P_f, transpose_B=True, clear_accum=True)
+                T.gemm(Mh_s, Xt_lo, P_f, transpose_B=True)
+                T.gemm(Ml_s, Xt_hi, P_f, transpose_B=True)
+                for i, c in T.Parallel(K, BV):
+                    X_f[i, c] = P_f[i, c] + L_s[i, c]
+            else:
+                for i, c in T.Parallel(K, BV):
+                    X_f[i, c] = L_s[i, c]
+            for i, c in T.Parallel(K, BV):
+                out[s + 1, l, h, i, v0 + c] = X_f[i, c]
+            T.sync_threads()  # every read of stage st done before it is refilled
+            fetch(st, s + S, l, h, v0, L, M_hi, M_lo, src, Mh_s, Ml_s, L_s, full)
+
     @T.prim_func
     def cp_correct(
         init: T.Tensor((n_long, H, K, V), "float32"),
         L: T.Tensor((n_src, H, K, V), "float32"),
-        M: T.Tensor((n_src, H, K, K), "float32"),
+        M_hi: T.Tensor((n_src, H, K, K), "bfloat16"),
+        M_lo: T.Tensor((n_src, H, K, K), "bfloat16"),
         flag: T.Tensor((n_src, H), "int32"),
         src: T.Tensor((n_steps, n_long), "int32"),
         out: T.Tensor((n_out, n_long, H, K, V), "float32"),
     ):
         with T.Kernel(NV, n_long * H, threads=THREADS) as (iv, lh):
-            M_hi = T.alloc_shared((K, K), "bfloat16")
-            M_lo = T.alloc_shared((K, K), "bfloat16")
+            Mh0 = T.alloc_shared((K, K), "bfloat16")
+            Ml0 = T.alloc_shared((K, K), "bfloat16")
+            L0 = T.alloc_shared((K, BV), "float32")
+            if S == 2:
+                Mh1 = T.alloc_shared((K, K), "bfloat16")
+                Ml1 = T.alloc_shared((K, K), "bfloat16")
+                L1 = T.alloc_shared((K, BV), "float32")
+            else:
+                Mh1, Ml1, L1 = Mh0, Ml0, L0
             Xt_hi = T.alloc_shared((BV, K), "bfloat16")
             Xt_lo = T.alloc_shared((BV, K), "bfloat16")
+            full = T.alloc_barrier([128, 128])
             X_f = T.alloc_fragment((K, BV), "float32")
             P_f = T.alloc_fragment((K, BV), "float32")
             l = lh // H
             h = lh % H
             v0 = iv * BV
+            fetch(0, 0, l, h, v0, L, M_hi, M_lo, src, Mh0, Ml0, L0, full)
+            if S == 2:
+                fetch(1, 1, l, h, v0, L, M_hi, M_lo, src, Mh1, Ml1, L1, full)
             for i, c in T.Parallel(K, BV):
                 X_f[i, c] = init[l, h, i, v0 + c]
             for i, c in T.Parallel(K, BV):
                 out[0, l, h, i, v0 + c] = X_f[i, c]
-            for s in T.serial(n_out - 1):
-                j = src[s, l]
-                if flag[j, h] != 0:
-                    for i, kk in T.Parallel(K, K):
-                        M_hi[i, kk] = T.cast(M[j, h, i, kk], "bfloat16")
-                    for i, kk in T.Parallel(K, K):
-                        M_lo[i, kk] = T.cast(M[j, h, i, kk] - T.cast(T.cast(M[j, h, i, kk], "bfloat16"), "float32"),
-                                             "bfloat16")
-                    for i, c in T.Parallel(K, BV):
-                        Xt_hi[c, i] = T.cast(X_f[i, c], "bfloat16")
-                    for i, c in T.Parallel(K, BV):
-                        Xt_lo[c, i] = T.cast(X_f[i, c] - T.cast(T.cast(X_f[i, c], "bfloat16"), "float32"),
-                                             "bfloat16")
-                    T.gemm(M_hi, Xt_hi, P_f, transpose_B=True, clear_accum=True)
-                    T.gemm(M_hi, Xt_lo, P_f, transpose_B=True)
-                    T.gemm(M_lo, Xt_hi, P_f, transpose_B=True)
-                    for i, c in T.Parallel(K, BV):
-                        X_f[i, c] = P_f[i, c] + L[j, h, i, v0 + c]
-                else:
-                    for i, c in T.Parallel(K, BV):
-                        X_f[i, c] = L[j, h, i, v0 + c]
-                for i, c in T.Parallel(K, BV):
-                    out[s + 1, l, h, i, v0 + c] = X_f[i, c]
+            for p in T.serial(T.ceildiv(n_out - 1, 2)):
+                step(0, 2 * p, l, h, v0, L, M_hi, M_lo, flag, src, out, Mh0, Ml0, L0, Xt_hi, Xt_lo, X_f, P_f, full)
+                step(S - 1, 2 * p + 1, l, h, v0, L, M_hi, M_lo, flag, src, out, Mh1, Ml1, L1, Xt_hi, Xt_lo, X_f,
+                     P_f, full)
 
     return compile_for(cp_correct, arch)
 
@@ -112,5 +152,7 @@ def cp_correct(init, L, M, flag, src, out, arch: str):
         out[0].copy_(init)
         return out
     bv = BV_CORRECT if V % BV_CORRECT == 0 else V
-    cp_correct_kernel(H, K, V, bv, arch)(init, L, M, flag, src, out)
+    M_hi = M.to(torch.bfloat16)
+    M_lo = (M - M_hi.float()).to(torch.bfloat16)
+    cp_correct_kernel(H, K, V, bv, arch)(init, L, M_hi, M_lo, flag, src, out)
     return out
