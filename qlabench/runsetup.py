@@ -221,6 +221,10 @@ def open_results(out: Path, env: dict, run: dict, resume: bool) -> dict:
         except R.ResultsError as e:
             raise RunSetupError(str(e)) from None
         res["env"].setdefault("resumed_at", []).append(env["timestamp"])
+        # what each resume ran on (the file's git_commit / versions are its first run's): the report names
+        # every commit and library version the rows were measured at
+        res["env"].setdefault("resumes", []).append(
+            {k: env.get(k) for k in ("timestamp", "git_commit", "git_dirty", "versions")})
         res["run"].setdefault("resumed_argv", []).append(run["argv"])
         _widen_selection(res["run"], run)
     else:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -132,7 +134,7 @@ def test_end_of_run_table_reads_a_nonfinite_row_as_stored():
     """In memory a NaN output's error is NaN; the file holds null. The end-of-run table reads the stored
     view, so it is the full report table, not the fallback (the H200 stress run printed the fallback)."""
     res = _run([get_backend("torch"), Poisoned("poisoned")], _cases(patterns=("16+8",)))
-    assert any(isinstance(e, float) and e != e for r in res["rows"] for e in r["errors"].values())
+    assert any(isinstance(e, float) and math.isnan(e) for r in res["rows"] for e in r["errors"].values())
     table = RS.format_tables(res)
     assert "report table unavailable" not in table and "poisoned" in table
 
@@ -153,6 +155,27 @@ def test_resume_skips_done_rows(tmp_path):
         RS.open_results(out, {"gpu_name": None, "timestamp": "t"}, {"argv": []}, resume=False)
     with pytest.raises(RS.RunSetupError, match="measured on the CPU"):
         RS.open_results(out, {"gpu_name": "NVIDIA H200", "timestamp": "t"}, {"argv": []}, resume=True)
+
+
+def test_resume_at_another_commit_is_named_in_the_report(tmp_path):
+    """A file resumed at another commit (or other library versions) holds rows of two trees: the env
+    block records each resume's commit and versions, and the report's header names both."""
+    from qlabench.report.tables import build_report, header_lines
+
+    out = tmp_path / "r.json"
+    env = {"gpu_name": None, "timestamp": "t0", "git_commit": "aaaaaaa", "git_dirty": False,
+           "versions": {"torch": "2.11.0"}}
+    _run([Counting("c", fail_on=(16, 8))], _cases(patterns=("1x24", "16+8")), out=out,
+         results=RS.open_results(out, env, {"argv": ["first"]}, resume=False))
+    env2 = {**env, "timestamp": "t1", "git_commit": "bbbbbbb", "versions": {"torch": "2.12.0"}}
+    res = RS.open_results(out, env2, {"argv": ["again"]}, resume=True)
+    _run([Counting("c")], _cases(patterns=("1x24", "16+8")), out=out, results=res)
+    stored = R.load(out)
+    assert stored["env"]["git_commit"] == "aaaaaaa"
+    assert [(r["git_commit"], r["versions"]) for r in stored["env"]["resumes"]] == [("bbbbbbb", {"torch": "2.12.0"})]
+    lines = "\n".join(header_lines(build_report([stored])))
+    assert "Commit: aaaaaaa (resumed at bbbbbbb)" in lines
+    assert "torch: 2.11.0 / 2.12.0" in lines
 
 
 def test_resume_runs_only_missing_cases(tmp_path):

@@ -304,6 +304,11 @@ def table_cells(table: PhaseTable, line: Line, unit: bool = True) -> list[str]:
 # ---- header ----------------------------------------------------------------------------------------
 
 
+def _resumes(env: dict) -> list[dict]:
+    """The env block's ``resumes`` entries (each resume's commit and versions; older files have none)."""
+    return [r for r in env.get("resumes") or [] if isinstance(r, dict)]
+
+
 def header_lines(report: Report) -> list[str]:
     env, run = report.collected.env, report.collected.run
     gpu = env.get("gpu_name") or (f"none (device {env['device']})" if env.get("device") else "unknown GPU")
@@ -344,16 +349,23 @@ def header_lines(report: Report) -> list[str]:
         out.append(f"Subject: {report.subject}; speedup = peer time / {report.subject} time (median)")
     else:  # one backend: times only, nothing to divide by
         out.append(f"Backend: {report.subject} (no peer backend in the results: no speedups)")
-    versions = {}  # every file's library versions; where files disagree, each value once
+    versions = {}  # every file's (and resume's) library versions; where they disagree, each value once
     for e in report.collected.envs or [env]:
-        for k, v in (e.get("versions") or {}).items():
-            if v is not None and str(v) not in versions.setdefault(k, []):
-                versions[k].append(str(v))
+        for part in [e] + _resumes(e):
+            for k, v in (part.get("versions") or {}).items():
+                if v is not None and str(v) not in versions.setdefault(k, []):
+                    versions[k].append(str(v))
     if versions:
         out.append("Library Versions:")
         out.append("  " + " | ".join(f"{k}: {' / '.join(v)}" for k, v in versions.items()))
-    def commit_of(e: dict) -> str:
+    def one_commit(e: dict) -> str:
         return f"{e.get('git_commit') or 'unknown'}" + (" (dirty)" if e.get("git_dirty") else "")
+
+    def commit_of(e: dict) -> str:
+        """The file's commit, and those of its resumes where they differ (rows of one file, two trees)."""
+        first = one_commit(e)
+        later = [c for c in dict.fromkeys(one_commit(r) for r in _resumes(e)) if c != first]
+        return first + (f" (resumed at {', '.join(later)})" if later else "")
 
     envs, sources = report.collected.envs, report.collected.sources
     if len(sources) > 1 and len({commit_of(e) for e in envs}) > 1:  # each file at its own commit
