@@ -34,16 +34,31 @@ row's term are tree reductions over all threads (common/bwd_state.dgam0_rows).
 
 Grid: (NCmax chunks, H_qk); blocks of the chunk table's unused rows (start == end) do nothing; each
 block walks the group's H_v / H_qk v-heads in order.
-Threads: 256, two warpgroups, no specialisation: every GEMM has M = 64 and the warp policy splits N.
-GEMMs per chunk and v-head (wgmma, shared-memory operands, fp32 accumulate), in order: K S0, Ag W
-(64x128x128, 64x128x64), dV' W^T, dO V'^T, Q K^T (64x64x128), dO S0^T (64x128x128), dP K
-(64x128x64), V' dS^T, dU S0^T (64x128x128), A^T dA, T1 A^T (64x64x64), K K^T (64x64x128), dP^T Q,
-dAs K (64x128x64).
+Threads: 256, two warpgroups. Per v-head, both warpgroups first run the shared part (every GEMM has
+M = 64 and the warp policy splits N): K S0 (64x128x128), Ag W (64x128x64), dV' W^T, dO V'^T, Q K^T
+(64x64x128), with the e-term, Y, dA, dbeta's column term, X, dP and dgam's mask term.
+Then, with one v-head per block (H_v == H_qk), the two branches run on separate warpgroups, each GEMM
+at full N on one warpgroup (named barriers only; TileLang's automatic syncs become 128-thread ones):
+  * warpgroup 0 (dq): dO S0^T (64x128x128) -> dq0, rowdot(Q, dq0); dq = dq0 + dP K (64x128x64),
+    stored; the WY-inverse terms: A^T dA, T1 A^T (64x64x64), K K^T (64x64x128) -> dbeta's row term
+    and dAs; then it arrives at the hand-off barrier (BAR_HANDOFF).
+  * warpgroup 1 (dk): V' dS^T (64x128x128) -> dk = r .* (V' dS^T) and the r-terms; dk += dU S0^T
+    (64x128x128) + dP^T Q (64x128x64); sum(S0 .* dS) as row pairs; waits for dAs; dk += dAs K, stored.
+  * both: dgam0 (the last real row's sums as one C x C reduction) and the dg / dbeta stores.
+  H_v = H_qk, 1x32768, H200: hk16_hv16 1431 vs 1590 us for the lockstep tail; 8192x4 1413 vs 1623.
+Under GQA the tail stays lockstep (both warpgroups on every GEMM, dq and dk summed over the group in
+fp32 registers): the branches need both sums in registers of each thread (ptxas cannot see that a
+thread uses only one), 255 registers with spills, or one sum in shared memory; both were slower
+(hk16_hv64 1x32768 5450 vs 4953 us, hk2_hv8 714 vs 648).
 Shared memory (bf16 unless said): Q, K, V (then W), dO, dV', dv (then dU), V' 7 x 16 KB; S0, dS
 2 x 32 KB; A, Ag (then dA), dP, T1, dAs 5 x 8 KB; F (fp32 C x C: Y, then X, then dM) 16 KB; C / K
 vectors fp32 ~3 KB: 242 KB if every buffer lived through the v-head loop; compiled with TileLang's
 liveness-based aggressive merge, which overlaps the dead ones: 193 KB of the 227 KB (one block per
-SM). Registers: 224 per thread, no spills (ptxas, sm_90a).
+SM). The merge orders the two branches as written (dq's, then dk's), so a buffer only the dk branch
+writes could land on one the concurrent dq branch uses: the dk branch's own outputs (kt1, sv) are
+written before the branches to pin their lifetimes, and tests/kernels/test_bwd_chunk_compile.py reads
+the compiled offsets to check it. Registers (ptxas, sm_90a): 173 with the branches, 242 lockstep
+(GQA), no spills.
 scale is a runtime argument (one compiled kernel serves every scale).
 """
 
@@ -56,14 +71,23 @@ from ..common.build import compile_for
 from ..common.bwd_intra import store_dg_dbeta, wy_inverse_grad
 from ..common.bwd_state import dgam0_rows, kt1_terms, load_chunk, w_and_du
 
+BAR_HANDOFF = 8  # named barrier: the dq warpgroup's dAs to the dk warpgroup (0-4 are TileLang's)
+
 
 @functools.cache
 def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, arch: str):
     assert K == V == 2 * C, "prod_f serves C x V and C x K row dots; S0 .* dS is summed as two C-row blocks"
     group = h_v // h_qk
+    branches = group == 1  # one v-head per block: dq / dk branches on separate warpgroups (header)
     n_tok = T.dynamic("n_tok")
     n_chunks = T.dynamic("n_chunks")
     n_hc = T.dynamic("n_hc")
+
+    @T.macro
+    def store_rows(acc, out, t0, end, hk):
+        for i, j in T.Parallel(C, K):
+            if t0 + i < end:
+                out[t0 + i, hk, j] = T.cast(acc[i, j], dtype)
 
     @T.prim_func
     def bwd_chunk(
@@ -111,27 +135,47 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
             dgm_s = T.alloc_shared((C,), "float32")
             dbc_s = T.alloc_shared((C,), "float32")
             dbr_s = T.alloc_shared((C,), "float32")
-            acc_a = T.alloc_fragment((C, V), "float32")  # U, then V', then dq0
-            acc_b = T.alloc_fragment((C, K), "float32")  # T1, then dk0
-            dq_f = T.alloc_fragment((C, K), "float32")  # dq, dk summed over the group's v-heads
-            dk_f = T.alloc_fragment((C, K), "float32")
+            # both warpgroups (every GEMM's N split between them)
+            acc_a = T.alloc_fragment((C, V), "float32")  # U, then V' (lockstep: then dq0)
             acc_cc = T.alloc_fragment((C, C), "float32")  # dAg, then dPg
-            P_f = T.alloc_fragment((C, C), "float32")  # Q K^T, then K K^T
-            T1_f = T.alloc_fragment((C, C), "float32")
-            T2_f = T.alloc_fragment((C, C), "float32")
-            tmp_f = T.alloc_fragment((C, C), "float32")
+            P_f = T.alloc_fragment((C, C), "float32")  # Q K^T (lockstep: then K K^T)
             prod_f = T.alloc_fragment((C, V), "float32")
             red_f = T.alloc_fragment((C,), "float32")
+            redc = T.alloc_fragment((C,), "float32")
+            redm = T.alloc_fragment((C,), "float32")
+            redg = T.alloc_fragment((C,), "float32")
+            T1_f = T.alloc_fragment((C, C), "float32")
+            T2_f = T.alloc_fragment((C, C), "float32")
+            if branches:
+                redl = T.alloc_fragment((C,), "float32")
+                # dq warpgroup
+                dq_f = T.alloc_fragment((C, K), "float32")
+                acc0 = T.alloc_fragment((C, K), "float32")  # dq0
+                KK_f = T.alloc_fragment((C, C), "float32")
+                red0q = T.alloc_fragment((C,), "float32")
+                red0b = T.alloc_fragment((C,), "float32")
+                # dk warpgroup
+                dk_f = T.alloc_fragment((C, K), "float32")
+                acc1 = T.alloc_fragment((C, K), "float32")  # T1 = V' dS^T, then S0 .* dS row pairs
+                red1 = T.alloc_fragment((C,), "float32")
+                red1s = T.alloc_fragment((C,), "float32")
+            else:
+                acc_b = T.alloc_fragment((C, K), "float32")  # T1, then dk0
+                dq_f = T.alloc_fragment((C, K), "float32")  # dq, dk summed over the group's v-heads
+                dk_f = T.alloc_fragment((C, K), "float32")
+                tmp_f = T.alloc_fragment((C, C), "float32")
             gam_last = T.alloc_var("float32")
 
+            tx = T.get_thread_binding()
             t0 = chunk_bounds[c, 0]
             end = chunk_bounds[c, 1]
 
             if t0 < end:
                 for i, d in T.Parallel(C, K):
                     Q_s[i, d] = T.if_then_else(t0 + i < end, q[t0 + i, hk, d], T.cast(0, dtype))
-                T.clear(dq_f)
-                T.clear(dk_f)
+                if not branches:
+                    T.clear(dq_f)
+                    T.clear(dk_f)
                 for g in T.serial(group):
                     hv = hk * group + g
                     load_chunk(k, v, do, dvp, dv, A, h, dh, g_cumsum, beta, K_s, V_s, dO_s, dVp_s, dv_s, A_s, S0_s,
@@ -149,11 +193,11 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
                         dab = T.if_then_else(j <= i and t0 + i < end, T.exp(gam_s[i] - gam_s[j]) * acc_cc[i, j], 0.0)
                         F_s[i, j] = dab * A_s[i, j]
                         Ag_s[i, j] = T.cast(dab * beta_s[j], dtype)
-                    for i, j in T.Parallel(C, C):  # dbeta's column term colsum(Y)
-                        tmp_f[i, j] = F_s[j, i]
-                    T.reduce_sum(tmp_f, red_f, dim=1)
+                    for i, j in T.Parallel(C, C):  # dbeta's column term colsum(Y) (P_f: free until Q K^T)
+                        P_f[i, j] = F_s[j, i]
+                    T.reduce_sum(P_f, redc, dim=1)
                     for i in T.Parallel(C):
-                        dbc_s[i] = red_f[i]
+                        dbc_s[i] = redc[i]
 
                     # dPg = dO V'^T, P = Q K^T: X = Y .* beta_col + scale Gam .* P .* dPg, dP = scale Gam .* dPg
                     T.gemm(dO_s, Vp_s, acc_cc, transpose_B=True, clear_accum=True)
@@ -162,53 +206,111 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
                         sdec = T.if_then_else(j <= i and t0 + i < end, scale * T.exp(gam_s[i] - gam_s[j]), 0.0)
                         F_s[i, j] = F_s[i, j] * beta_s[j] + sdec * P_f[i, j] * acc_cc[i, j]
                         dP_s[i, j] = T.cast(sdec * acc_cc[i, j], dtype)
-                    for i, j in T.Parallel(C, C):  # dgam's mask term rowsum(X) - colsum(X)
-                        tmp_f[i, j] = F_s[i, j] - F_s[j, i]
-                    T.reduce_sum(tmp_f, red_f, dim=1)
+                    for i, j in T.Parallel(C, C):  # dgam's mask term rowsum(X) - colsum(X) (P_f is dead)
+                        P_f[i, j] = F_s[i, j] - F_s[j, i]
+                    T.reduce_sum(P_f, redm, dim=1)
                     for i in T.Parallel(C):
-                        dgm_s[i] = red_f[i]
+                        dgm_s[i] = redm[i]
+                        kt1_s[i] = 0.0  # written by the dk warpgroup: touched before the branches, so never
+                        sv_s[i] = 0.0  # merged over a buffer of the concurrent dq warpgroup
 
-                    # dq += scale diag(e) dO S0^T + dP K, with rowdot(Q, dq0) for dgam
-                    T.gemm(dO_s, S0_s, acc_a, transpose_B=True, clear_accum=True)
-                    for i, j in T.Parallel(C, K):
-                        acc_a[i, j] = scale * T.exp(gam_s[i]) * acc_a[i, j]
-                        prod_f[i, j] = Q_s[i, j] * acc_a[i, j]
-                        dq_f[i, j] = dq_f[i, j] + acc_a[i, j]
-                    T.reduce_sum(prod_f, red_f, dim=1)
-                    for i in T.Parallel(C):
-                        dgq_s[i] = red_f[i]
-                    T.gemm(dP_s, K_s, dq_f)
+                    if branches:
+                        T.sync_threads()
+                        if tx < 128:
+                            # dq = dq0 + dP K with dq0 = scale diag(e) dO S0^T; rowdot(Q, dq0) for dgam
+                            T.gemm(dO_s, S0_s, acc0, transpose_B=True, clear_accum=True)
+                            for i, j in T.Parallel(C, K):
+                                acc0[i, j] = scale * T.exp(gam_s[i]) * acc0[i, j]
+                                dq_f[i, j] = acc0[i, j]
+                            for i, j in T.Parallel(C, K):
+                                acc0[i, j] = Q_s[i, j] * acc0[i, j]
+                            T.reduce_sum(acc0, red0q, dim=1)
+                            for i in T.Parallel(C):
+                                dgq_s[i] = red0q[i]
+                            T.gemm(dP_s, K_s, dq_f)
+                            store_rows(dq_f, dq_out, t0, end, hk)
+                            # WY inverse: dL = -strict_lower(A^T dA A^T), dbeta's row term, dAs = dM + dM^T
+                            T.gemm(A_s, Ag_s, T1_f, transpose_A=True, clear_accum=True)
+                            T.copy(T1_f, T1_s)
+                            T.gemm(T1_s, A_s, T2_f, transpose_B=True, clear_accum=True)
+                            T.gemm(K_s, K_s, KK_f, transpose_B=True, clear_accum=True)
+                            wy_inverse_grad(T2_f, KK_f, beta_s, KK_f, red0b, F_s, dbr_s, dAs_s, C, dtype)
+                            T.fence_proxy_async()
+                            T.named_barrier_arrive(BAR_HANDOFF, 256)  # dAs to the dk warpgroup
+                        else:
+                            # dk = diag(r) V' dS^T + dU S0^T + dP^T Q + dAs K, with the r-terms of dgam
+                            T.gemm(Vp_s, dS_s, acc1, transpose_B=True, clear_accum=True)
+                            for i, j in T.Parallel(C, K):
+                                dk_f[i, j] = T.exp(gam_last - gam_s[i]) * acc1[i, j]
+                            for i, j in T.Parallel(C, K):
+                                acc1[i, j] = K_s[i, j] * acc1[i, j]
+                            T.reduce_sum(acc1, red1, dim=1)
+                            for i in T.Parallel(C):
+                                kt1_s[i] = T.exp(gam_last - gam_s[i]) * red1[i]
+                            T.gemm(dv_s, S0_s, dk_f, transpose_B=True)
+                            T.gemm(dP_s, Q_s, dk_f, transpose_A=True)
+                            # sum(S0 .* dS) as row pairs (i, C + i) into sv_s (K == 2 C), for the dgam0 tail
+                            for i, j in T.Parallel(C, V):
+                                acc1[i, j] = (T.cast(S0_s[i, j], "float32") * T.cast(dS_s[i, j], "float32")
+                                              + T.cast(S0_s[C + i, j], "float32") * T.cast(dS_s[C + i, j], "float32"))
+                            T.reduce_sum(acc1, red1s, dim=1)
+                            for i in T.Parallel(C):
+                                sv_s[i] = red1s[i]
+                            T.sync_threads(BAR_HANDOFF, 256)
+                            T.gemm(dAs_s, K_s, dk_f)
+                            store_rows(dk_f, dk_out, t0, end, hk)
+                        T.sync_threads()
+                        # dgam0 = e-term - r-terms; the last real row L gets exp(gam_last) sum(S0 .* dS) +
+                        # sum_{i < L} r-terms (its own r-term cancels exactly and is never formed)
+                        for i, j in T.Parallel(C, C):
+                            acc_cc[i, j] = T.exp(gam_last) * sv_s[j] + T.if_then_else(t0 + j < end - 1, kt1_s[j], 0.0)
+                        T.reduce_sum(acc_cc, redl, dim=1)
+                        for i in T.Parallel(C):
+                            dgam_s[i] = T.if_then_else(
+                                t0 + i < end, dgu_s[i] + T.if_then_else(t0 + i == end - 1, redl[i], -kt1_s[i]), 0.0)
+                    else:
+                        # dq += scale diag(e) dO S0^T + dP K, with rowdot(Q, dq0) for dgam
+                        T.gemm(dO_s, S0_s, acc_a, transpose_B=True, clear_accum=True)
+                        for i, j in T.Parallel(C, K):
+                            acc_a[i, j] = scale * T.exp(gam_s[i]) * acc_a[i, j]
+                            prod_f[i, j] = Q_s[i, j] * acc_a[i, j]
+                            dq_f[i, j] = dq_f[i, j] + acc_a[i, j]
+                        T.reduce_sum(prod_f, red_f, dim=1)
+                        for i in T.Parallel(C):
+                            dgq_s[i] = red_f[i]
+                        T.gemm(dP_s, K_s, dq_f)
 
-                    # dk0 = diag(r) V' dS^T + dU S0^T and the r-terms of dgam; dgam0 into dgam_s
-                    T.gemm(Vp_s, dS_s, acc_b, transpose_B=True, clear_accum=True)
-                    kt1_terms(K_s, acc_b, gam_s, gam_last, prod_f, red_f, kt1_s, C, K)
-                    for i, j in T.Parallel(C, K):
-                        acc_b[i, j] = acc_b[i, j] * T.exp(gam_last - gam_s[i])
-                    T.gemm(dv_s, S0_s, acc_b, transpose_B=True)
-                    for i, j in T.Parallel(C, K):
-                        dk_f[i, j] = dk_f[i, j] + acc_b[i, j]
-                    dgam0_rows(S0_s, dS_s, kt1_s, dgu_s, gam_last, prod_f, red_f, tmp_f, sv_s, dgam_s, t0, end, C, K, V)
+                        # dk0 = diag(r) V' dS^T + dU S0^T and the r-terms of dgam; dgam0 into dgam_s
+                        T.gemm(Vp_s, dS_s, acc_b, transpose_B=True, clear_accum=True)
+                        kt1_terms(K_s, acc_b, gam_s, gam_last, prod_f, red_f, kt1_s, C, K)
+                        for i, j in T.Parallel(C, K):
+                            acc_b[i, j] = acc_b[i, j] * T.exp(gam_last - gam_s[i])
+                        T.gemm(dv_s, S0_s, acc_b, transpose_B=True)
+                        for i, j in T.Parallel(C, K):
+                            dk_f[i, j] = dk_f[i, j] + acc_b[i, j]
+                        dgam0_rows(S0_s, dS_s, kt1_s, dgu_s, gam_last, prod_f, red_f, tmp_f, sv_s, dgam_s, t0, end,
+                                   C, K, V)
 
-                    # WY inverse: dL = -strict_lower(A^T dA A^T), dbeta's row term, dAs = dM + dM^T
-                    T.gemm(A_s, Ag_s, T1_f, transpose_A=True, clear_accum=True)
-                    T.copy(T1_f, T1_s)
-                    T.gemm(T1_s, A_s, T2_f, transpose_B=True, clear_accum=True)
-                    T.gemm(K_s, K_s, P_f, transpose_B=True, clear_accum=True)
-                    wy_inverse_grad(T2_f, P_f, beta_s, tmp_f, red_f, F_s, dbr_s, dAs_s, C, dtype)
+                        # WY inverse: dL = -strict_lower(A^T dA A^T), dbeta's row term, dAs = dM + dM^T
+                        T.gemm(A_s, Ag_s, T1_f, transpose_A=True, clear_accum=True)
+                        T.copy(T1_f, T1_s)
+                        T.gemm(T1_s, A_s, T2_f, transpose_B=True, clear_accum=True)
+                        T.gemm(K_s, K_s, P_f, transpose_B=True, clear_accum=True)
+                        wy_inverse_grad(T2_f, P_f, beta_s, tmp_f, red_f, F_s, dbr_s, dAs_s, C, dtype)
 
-                    # dk += dP^T Q + dAs K
-                    T.gemm(dP_s, Q_s, dk_f, transpose_A=True)
-                    T.gemm(dAs_s, K_s, dk_f)
+                        # dk += dP^T Q + dAs K
+                        T.gemm(dP_s, Q_s, dk_f, transpose_A=True)
+                        T.gemm(dAs_s, K_s, dk_f)
 
                     # dg = reverse in-chunk cumsum of dgam; dbeta
-                    store_dg_dbeta(dgam_s, dgq_s, dgm_s, dbc_s, dbr_s, tmp_f, red_f, dg_out, dbeta_out, t0, end, hv,
-                                   C)
+                    store_dg_dbeta(dgam_s, dgq_s, dgm_s, dbc_s, dbr_s, P_f, redg, dg_out, dbeta_out, t0, end, hv, C)
                     T.sync_threads()
 
-                for i, j in T.Parallel(C, K):
-                    if t0 + i < end:
-                        dq_out[t0 + i, hk, j] = T.cast(dq_f[i, j], dtype)
-                        dk_out[t0 + i, hk, j] = T.cast(dk_f[i, j], dtype)
+                if not branches:
+                    for i, j in T.Parallel(C, K):
+                        if t0 + i < end:
+                            dq_out[t0 + i, hk, j] = T.cast(dq_f[i, j], dtype)
+                            dk_out[t0 + i, hk, j] = T.cast(dk_f[i, j], dtype)
 
     # the loop over the group's v-heads keeps every buffer live across iterations for the default
     # merge (242 KB, over the 227 KB limit); the liveness-based aggressive merge reuses them (193 KB)
