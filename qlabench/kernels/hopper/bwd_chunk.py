@@ -45,11 +45,13 @@ at full N on one warpgroup (named barriers only; TileLang's automatic syncs beco
   * warpgroup 1 (dk): V' dS^T (64x128x128) -> dk = r .* (V' dS^T) and the r-terms; dk += dU S0^T
     (64x128x128) + dP^T Q (64x128x64); sum(S0 .* dS) as row pairs; waits for dAs; dk += dAs K, stored.
   * both: dgam0 (the last real row's sums as one C x C reduction) and the dg / dbeta stores.
-  H_v = H_qk, 1x32768, H200: hk16_hv16 1431 vs 1590 us for the lockstep tail; 8192x4 1413 vs 1623.
+  H200, bwd_chunk alone, us (results/h200/2026-12-01_s11/bwd-chunk-branches-ab.log): hk16_hv16
+  1x32768 1352 vs 1571 for the lockstep tail, 8192x4 1353 vs 1539, hk8_hv8 1x32768 687 vs 763.
 Under GQA the tail stays lockstep (both warpgroups on every GEMM, dq and dk summed over the group in
-fp32 registers): the branches need both sums in registers of each thread (ptxas cannot see that a
-thread uses only one), 255 registers with spills, or one sum in shared memory; both were slower
-(hk16_hv64 1x32768 5450 vs 4953 us, hk2_hv8 714 vs 648).
+fp32 registers of both): with the branches ptxas keeps both sums live in every thread (it cannot see
+that a thread uses only one), so the measured variant carried dk's sum through shared memory (32 KB,
+225 KB in all) with dq's in registers (255 registers, 16 bytes of spills) and ran slower: hk16_hv64
+1x32768 5450 vs 4953 us, hk2_hv8 714 vs 648 (bwd-chunk-v2-ab.log).
 Shared memory (bf16 unless said): Q, K, V (then W), dO, dV', dv (then dU), V' 7 x 16 KB; S0, dS
 2 x 32 KB; A, Ag (then dA), dP, T1, dAs 5 x 8 KB; F (fp32 C x C: Y, then X, then dM) 16 KB; C / K
 vectors fp32 ~3 KB: 242 KB if every buffer lived through the v-head loop; compiled with TileLang's
