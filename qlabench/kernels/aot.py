@@ -49,6 +49,7 @@ def forward_kernels(h_qk: int, h_v: int, arch: str, dtype: str = "bfloat16",
                     state_layouts=(False, True)) -> list[tuple[str, str, object]]:
     """(name, config text, thunk) for every forward kernel of one head configuration."""
     from .common.cp_correct import BV_CORRECT, cp_correct_kernel
+    from .common.cp_tables import cp_tables_kernel
     from .common.cumsum import chunk_local_cumsum_kernel
 
     a = arch_by_name(arch)
@@ -57,9 +58,10 @@ def forward_kernels(h_qk: int, h_v: int, arch: str, dtype: str = "bfloat16",
     jobs = [
         ("chunk_local_cumsum", f"H={h_v} C={C}", lambda: chunk_local_cumsum_kernel(h_v, C, False, a.name)),
         ("kkt_solve", f"hk{h_qk}_hv{h_v} {dtype}", lambda: kkt_solve_kernel(h_qk, h_v, HEAD_DIM, C, dtype, a.name)),
-        # the CP correction chain (forward and backward CP)
+        # the CP correction chain (forward and backward CP) and the CP forward's warm-up tables
         ("cp_correct", f"H={h_v} BV={BV_CORRECT}",
          lambda: cp_correct_kernel(h_v, HEAD_DIM, HEAD_DIM, BV_CORRECT, a.name)),
+        ("cp_tables", f"H={h_v}", lambda: cp_tables_kernel(h_v, a.name)),
     ]
     # the A/B recurrences and, where the arch has them, the warp-specialized ones (sm90's defaults: ws
     # at BV 32, wy at BV 64)

@@ -124,6 +124,9 @@ class CPPlan:
             (chunks counted back from the piece end; g_cumsum there is that chunk's total
             log-decay), valid for r < n_chunks_j (else 0 and False). forward_cp's warm-up
             truncation reads them.
+        pass1_rev_last32 `[p_hi - p_lo, Lr]` int32 (pass1_rev_last with -1 where not valid) and
+            pass1_piece32 `[p_hi - p_lo, 2]` int32 (n_chunks, needed): the same, as common/cp_tables.py
+            reads them.
         slot_src `[n_slots - 1, n_long]` int64: for chain step s and long sequence l, the local-pass
             row of that sequence's piece s, or p_hi - p_lo (a zero row) past its second-to-last piece,
         slot_seq `[n_long]` int64: sequence of long sequence l,
@@ -194,6 +197,8 @@ class CPPlan:
     pass1_needed: torch.Tensor | None = None
     pass1_rev_last: torch.Tensor | None = None
     pass1_rev_valid: torch.Tensor | None = None
+    pass1_rev_last32: torch.Tensor | None = None
+    pass1_piece32: torch.Tensor | None = None
 
     @property
     def n_pieces(self) -> int:
@@ -277,6 +282,11 @@ def build_plan(cu: list[int], piece_chunks: int | None, chunk_size: int, device)
             "pass1_needed": up([not is_last[j] for j in range(lo, hi)], torch.bool),
             "pass1_rev_last": up(rev, i64).reshape(hi - lo, Lr),
             "pass1_rev_valid": up(valid, torch.bool).reshape(hi - lo, Lr),
+            # the same tables as common/cp_tables.py reads them: -1 past a piece's chunks; (m_j, needed)
+            "pass1_rev_last32": up([[x if r < m else -1 for r, x in enumerate(row)] for row, m in zip(rev, n_chunks)],
+                                   i32).reshape(hi - lo, Lr),
+            "pass1_piece32": up([[m, int(not is_last[j])] for j, m in zip(range(lo, hi), n_chunks)],
+                                i32).reshape(hi - lo, 2),
         }
         zero_row = hi - lo
         src = [[first[n] + s - lo if s < counts[n] - 1 else zero_row for n in long_seqs]

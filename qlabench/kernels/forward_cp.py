@@ -17,7 +17,8 @@ kkt_solve masks of the whole sequences serve the pieces unchanged.
 
 Launches:
   (a) chunk_local_cumsum + kkt_solve over the original sequences (as forward.py).
-  (b) warm-up tables (torch ops on the device, no host sync): for every piece j of the plan's
+  (b) warm-up tables (one launch of common/cp_tables.py, no host sync; ``warmup_tables`` is their torch
+      form, which the float64 twins run): for every piece j of the plan's
       ``pass1`` range and head h, walking the piece's chunks back from its end and summing their total
       log-decays gam_C (g_cumsum at each chunk's last token), n(j, h) = the first count at which the
       sum drops below ``decay_threshold``; if it never does (or with decay_threshold None) the head
@@ -74,6 +75,7 @@ import torch
 
 from .common.chunks import chunk_table, f32_buffers
 from .common.cp_correct import cp_correct
+from .common.cp_tables import cp_tables
 from .common.cumsum import chunk_local_cumsum
 from .cp import CPPlan, plan_cp
 from .dispatch import arch_for_device, kernel_factory
@@ -95,22 +97,24 @@ class ForwardKernels:
     cumsum(g2, table, C, arch_name) -> g_cumsum (common.cumsum.chunk_local_cumsum);
     kkt_solve(h_qk, h_v, K, C, dtype, arch_name) -> kernel; recurrence(n_blocks, sm_count, arch, bv=BV) ->
     factory(h_qk, h_v, K, V, BV, C, dtype, state_v_first, arch_name) -> kernel;
-    correct(init, L, M, flag, src, out, arch_name): the correction chain (common/cp_correct.cp_correct).
+    correct(init, L, M, flag, src, out, arch_name): the correction chain (common/cp_correct.cp_correct);
+    tables(plan, g_cumsum, decay_threshold, arch_name) -> (skip_local, skip_m, flag): the warm-up tables
+    (common/cp_tables.cp_tables; None: ``warmup_tables``, their torch form, which the twins use).
     """
 
     cumsum: Callable
     kkt_solve: Callable
     recurrence: Callable
     correct: Callable
+    tables: Callable | None = None
 
 
 def _device_kernels(arch, fwd_kernel: str | None = None) -> ForwardKernels:
     """The device kernels; ``fwd_kernel`` (KernelOptions.fwd_kernel) picks the recurrence (None: the
     QLABENCH_FWD_KERNEL switch, read at each launch)."""
-    if fwd_kernel is None:
-        return ForwardKernels(chunk_local_cumsum, kernel_factory(arch, "kkt_solve"), recurrence_kernel, cp_correct)
-    return ForwardKernels(chunk_local_cumsum, kernel_factory(arch, "kkt_solve"),
-                          functools.partial(recurrence_kernel, fwd_kernel=fwd_kernel), cp_correct)
+    recurrence = (recurrence_kernel if fwd_kernel is None
+                  else functools.partial(recurrence_kernel, fwd_kernel=fwd_kernel))
+    return ForwardKernels(chunk_local_cumsum, kernel_factory(arch, "kkt_solve"), recurrence, cp_correct, cp_tables)
 
 
 def chunk_gated_delta_rule_fwd_cp(
@@ -275,6 +279,15 @@ def warmup_skips(plan: CPPlan, g_cumsum: torch.Tensor, decay_threshold: float | 
                  for x, dtype in ((skip_local, torch.int32), (skip_m, torch.int32), (fallback, torch.bool)))
 
 
+def warmup_tables(plan: CPPlan, g_cumsum: torch.Tensor, decay_threshold: float | None, arch_name: str = ""):
+    """common/cp_tables.cp_tables in torch (the twins' form): (skip_local, skip_m, flag `[P1 + 1, H_v]`
+    int32 with a zero last row)."""
+    skip_local, skip_m, fallback = warmup_skips(plan, g_cumsum, decay_threshold)
+    flag = torch.zeros(fallback.shape[0] + 1, fallback.shape[1], dtype=torch.int32, device=fallback.device)
+    flag[:-1] = fallback.to(torch.int32)
+    return skip_local, skip_m, flag
+
+
 @dataclass(frozen=True)
 class PieceTransitions:
     """The transitions the chain of launch (c) used, for backward_cp's chain (the adjoint needs M^T of
@@ -336,7 +349,7 @@ def piece_initial_states(p, plan, state_v_first, q2, k2, v2, g_cumsum, Ag, Pm, u
         rng = (plan.pass1_cu, plan.pass1_chunk_offsets)
         # (b) warm-up tables, then the local pass: S_loc of every (piece, head) from zero over its
         # warm-up window (the whole piece for fallback heads).
-        skip_local, skip_m, fallback = warmup_skips(plan, g_cumsum, decay_threshold)
+        skip_local, skip_m, flag = (kernels.tables or warmup_tables)(plan, g_cumsum, decay_threshold, arch.name)
         S_loc = torch.empty((P1 + 1,) + state, dtype=sdt, device=dev)  # + a zero row for the slots
         S_loc[P1].zero_()
         no_h0 = torch.empty((1,) + state, dtype=sdt, device=dev)  # has_h0 = 0: never read (as forward.py)
@@ -345,10 +358,10 @@ def piece_initial_states(p, plan, state_v_first, q2, k2, v2, g_cumsum, Ag, Pm, u
             run_m = True
         else:
             capturing = dev.type == "cuda" and torch.cuda.is_current_stream_capturing()
-            run_m = transition == "always" or capturing or bool(fallback.any())
-        # M of (piece, head) pairs that do not fall back is never read (flag 0 below): not zeroed.
+            run_m = transition == "always" or capturing or bool(flag.any())
+        # M of (piece, head) pairs that do not fall back is never read (flag 0): not zeroed. Without the
+        # transition pass no pair falls back, so flag is all zero.
         M = torch.empty((P1 + 1, H, K, K), dtype=sdt, device=dev)
-        flag = torch.zeros(P1 + 1, H, dtype=torch.int32, device=dev)  # + the zero row of the slots
         if run_m:
             # Transition pass, fallback heads only: v = 0 from h0 = I gives M (its own
             # layout-transposed form with state_v_first). Blocks that skip every chunk store h0 = I.
@@ -357,7 +370,6 @@ def piece_initial_states(p, plan, state_v_first, q2, k2, v2, g_cumsum, Ag, Pm, u
             eye = torch.eye(K, dtype=sdt, device=dev).expand(P1, H, K, K).contiguous()
             views[2] = v_zero
             kernel1(*views, *rng, skip_m, eye, o[:tok_hi], M, h_dummy, p.scale, 1, 1, 0, 1)
-            flag[:P1] = fallback.to(torch.int32)
         # (c) correction over piece positions, all long sequences at once: one chain launch. Its
         # states are [K, V]; with state_v_first the stored S^T and M^T are transposed around it.
         nl = len(plan.long_seqs)
