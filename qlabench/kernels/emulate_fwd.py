@@ -72,6 +72,8 @@ def twin_chunk_fwd_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, 
         n_tok = q.shape[0]
         assert all(x.shape[0] == n_tok for x in (k, v, g_cumsum, Ag, Pm, o)), "n_tok differs"
         qf, kf, vf = _expand_heads(q, h_v), _expand_heads(k, h_v), v.to(F64)
+        if has_h0 == 2:  # the transition mode: start from the identity, V read as zero
+            vf = torch.zeros_like(vf)
         gf, Agf, Pmf = g_cumsum.to(F64), Ag.to(F64), Pm.to(F64)
         beta_dummy = torch.zeros_like(gf)
         cu, off = cu_seqlens.tolist(), chunk_offsets.tolist()
@@ -85,7 +87,9 @@ def twin_chunk_fwd_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, 
         for n in range(n_seq):
             bos, eos = cu[n], cu[n + 1]
             skip = torch.tensor(skips[n])  # [H]: first chunk of each head
-            if has_h0:
+            if has_h0 == 2:
+                S = torch.eye(K, V, dtype=F64).expand(h_v, K, V).clone()
+            elif has_h0:
                 S = h0[n].to(F64)
                 S = S.transpose(-1, -2) if state_v_first else S
             else:

@@ -28,7 +28,8 @@ Launches:
       state from zero at the start of its last n(j, h) chunks (the whole piece for fallback
       heads). o goes into the output buffer, which (d) overwrites. Pieces of the range that are last
       in their sequence (the kernel takes a contiguous range; their result is not read) skip all
-      their chunks. Transition pass: the same launch with v = 0 and h0 = I (V-width = K = 128) ->
+      their chunks. Transition pass: the same launch in the transition mode (has_h0 = 2: h0 = I, V read as
+      zero; V-width = K = 128) ->
       M (the identity-state trick of context_parallel.py), run only by the fallback (piece, head)
       blocks (the others skip every chunk; their M rows are never read).
   (c) correction, sequentially over piece positions s = 0 .. n_slots - 2, all long sequences at once:
@@ -363,13 +364,10 @@ def piece_initial_states(p, plan, state_v_first, q2, k2, v2, g_cumsum, Ag, Pm, u
         # transition pass no pair falls back, so flag is all zero.
         M = torch.empty((P1 + 1, H, K, K), dtype=sdt, device=dev)
         if run_m:
-            # Transition pass, fallback heads only: v = 0 from h0 = I gives M (its own
-            # layout-transposed form with state_v_first). Blocks that skip every chunk store h0 = I.
-            v_zero = torch.empty_like(v2[:tok_hi])
-            v_zero[plan.pieces[lo][0]:].zero_()
-            eye = torch.eye(K, dtype=sdt, device=dev).expand(P1, H, K, K).contiguous()
-            views[2] = v_zero
-            kernel1(*views, *rng, skip_m, eye, o[:tok_hi], M, h_dummy, p.scale, 1, 1, 0, 1)
+            # Transition pass, fallback heads only: the recurrence's transition mode (has_h0 = 2: start
+            # from the identity, V read as zero) gives M (its own layout-transposed form with
+            # state_v_first). Blocks that skip every chunk store the identity.
+            kernel1(*views, *rng, skip_m, no_h0, o[:tok_hi], M, h_dummy, p.scale, 2, 1, 0, 1)
         # (c) correction over piece positions, all long sequences at once: one chain launch. Its
         # states are [K, V]; with state_v_first the stored S^T and M^T are transposed around it.
         nl = len(plan.long_seqs)

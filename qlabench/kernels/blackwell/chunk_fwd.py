@@ -197,7 +197,7 @@ def chunk_fwd_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype
                 T.mbarrier_wait_parity(bar[0], ph)
                 T.tcgen05_after_thread_sync()
                 T.copy(U_t, U_f)
-                form_w(V_s, U_f, gam_s, W_s, t0, eos, C, MW, dtype)
+                form_w(V_s, U_f, gam_s, W_s, has_h0, t0, eos, C, MW, dtype)
                 T.fence_proxy_async()
                 T.sync_threads()
                 mma(Ag_s, W_s, Vd_t, bar[2], last_use=True)  # Ag_s: last read

@@ -15,14 +15,24 @@ def rows(t0, eos, i, value, dtype: str):
     return T.if_then_else(t0 + i < eos, value, T.cast(0, dtype))
 
 
+def start_state(h0, has_h0, n, h, v0, i, j, state_v_first: bool):
+    """Element (i, v0 + j) of the start state: h0's (fp32, either layout) when has_h0 == 1, zero when 0,
+    the identity when 2 (the transition mode: the CP transition pass, which also reads V as zero)."""
+    stored = h0[n, h, v0 + j, i] if state_v_first else h0[n, h, i, v0 + j]
+    return T.if_then_else(has_h0 == 2, T.if_then_else(i == v0 + j, 1.0, 0.0),
+                          T.if_then_else(has_h0 != 0, stored, 0.0))
+
+
+def value_rows(V_s, has_h0, i, j):
+    """V's element, or zero in the transition mode (has_h0 == 2)."""
+    return T.if_then_else(has_h0 == 2, T.cast(0, V_s.dtype), V_s[i, j])
+
+
 @T.macro
 def load_state(S_f, h0, has_h0, n, h, v0, K: int, W: int, state_v_first: bool):
-    """The start state h0 (fp32, either layout) into registers, or zero when has_h0 == 0."""
+    """The start state into registers (``start_state``)."""
     for i, j in T.Parallel(K, W):
-        if state_v_first:
-            S_f[i, j] = T.if_then_else(has_h0 != 0, h0[n, h, v0 + j, i], 0.0)
-        else:
-            S_f[i, j] = T.if_then_else(has_h0 != 0, h0[n, h, i, v0 + j], 0.0)
+        S_f[i, j] = start_state(h0, has_h0, n, h, v0, i, j, state_v_first)
 
 
 @T.macro
@@ -38,10 +48,12 @@ def load_chunk(q, k, v, Ag, Pm, g_cumsum, Q_s, K_s, V_s, Ag_s, P_s, gam_s, t0, e
 
 
 @T.macro
-def form_w(V_s, U_f, gam_s, W_s, t0, eos, C: int, W: int, dtype: str):
-    """W = V - diag(e) U (U = K S in U_f), zero past the sequence end."""
+def form_w(V_s, U_f, gam_s, W_s, has_h0, t0, eos, C: int, W: int, dtype: str):
+    """W = V - diag(e) U (U = K S in U_f), zero past the sequence end; V read as zero in the transition
+    mode (has_h0 == 2)."""
     for i, j in T.Parallel(C, W):
-        W_s[i, j] = rows(t0, eos, i, T.cast(V_s[i, j] - T.exp(gam_s[i]) * U_f[i, j], dtype), dtype)
+        W_s[i, j] = rows(t0, eos, i, T.cast(value_rows(V_s, has_h0, i, j) - T.exp(gam_s[i]) * U_f[i, j], dtype),
+                         dtype)
 
 
 @T.macro

@@ -60,7 +60,9 @@ def chunk_fwd_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype
 
     Kernel arguments: (q, k, v, g_cumsum, Ag, Pm, cu_seqlens, chunk_offsets, chunk_skip, h0, o, ht,
     h_out, scale, has_h0, store_final, store_h, has_skip); chunk_skip `[n_skip, H_v]` int32 (any
-    n_skip >= 1 when has_skip == 0, else one row per sequence of cu_seqlens)."""
+    n_skip >= 1 when has_skip == 0, else one row per sequence of cu_seqlens); has_h0: 0 (zero start), 1
+    (h0), 2 (the transition mode of the CP transition pass: identity start, V read as zero, h0 not read;
+    every recurrence kernel has it)."""
     name = "chunk_fwd_pipelined" if pipelined else "chunk_fwd"
 
     group = h_v // h_qk
@@ -136,7 +138,7 @@ def chunk_fwd_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype
                 gam_last = gam_s[C - 1]
 
                 T.gemm(K_s, S_s, U_f, clear_accum=True)
-                form_w(V_s, U_f, gam_s, W_s, t0, eos, C, BV, dtype)
+                form_w(V_s, U_f, gam_s, W_s, has_h0, t0, eos, C, BV, dtype)
 
                 T.gemm(Ag_s, W_s, U_f, clear_accum=True)  # U_f now holds Vd
                 form_vd_vr(U_f, gam_s, gam_last, Vd_s, Vr_s, K_s, t0, eos, C, K, BV, dtype)

@@ -24,6 +24,8 @@ from typing import NamedTuple
 
 import tilelang.language as T
 
+from ..common.chunk_fwd import start_state
+
 BAR_OUTPUT = 2  # the output warpgroup's named barrier: O_s free before it is rewritten, written before the TMA store
 
 
@@ -122,10 +124,7 @@ def roles(C: int, K: int, BV: int, dtype: str, state_v_first: bool) -> Roles:
     @T.macro
     def load_state(S_f, h0, has_h0, n, h, v0):
         for i, j in T.Parallel(K, BV):
-            if state_v_first:
-                S_f[i, j] = T.if_then_else(has_h0 != 0, h0[n, h, v0 + j, i], 0.0)
-            else:
-                S_f[i, j] = T.if_then_else(has_h0 != 0, h0[n, h, i, v0 + j], 0.0)
+            S_f[i, j] = start_state(h0, has_h0, n, h, v0, i, j, state_v_first)
 
     @T.macro
     def store_state(S_f, ht, n, h, v0):

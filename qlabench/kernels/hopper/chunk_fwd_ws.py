@@ -95,6 +95,7 @@ import tilelang.language as T
 from tilelang import PassConfigKey
 
 from ..common.build import compile_for
+from ..common.chunk_fwd import value_rows
 from .chunk_fwd_roles import roles
 
 THREADS = 384  # producer, state, output warpgroups
@@ -144,7 +145,7 @@ def _chunk_fwd_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: s
 
     @T.macro
     def state_step(slot: int, c, n_run, bos, eos, skip, K_s, V_s, Ag_s, gam_s, S_s, Vd_s, W_s, Vr_s,
-                   S_f, U_f, full, empty, s_ready, vd_ready, o_free):
+                   S_f, U_f, full, empty, s_ready, vd_ready, o_free, has_h0):
         if c < n_run:
             ph = (c // 2) & 1
             t0 = bos + (skip + c) * C
@@ -157,7 +158,8 @@ def _chunk_fwd_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: s
 
             T.gemm(K_s, S_s, U_f, clear_accum=True)
             for i, j in T.Parallel(C, BV):
-                W_s[i, j] = rows(t0, eos, i, T.cast(V_s[i, j] - T.exp(gam_s[i]) * U_f[i, j], dtype))
+                W_s[i, j] = rows(t0, eos, i, T.cast(value_rows(V_s, has_h0, i, j) - T.exp(gam_s[i]) * U_f[i, j],
+                                                    dtype))
             T.fence_proxy_async()
             T.sync_threads(BAR_STATE, 128)
 
@@ -245,9 +247,9 @@ def _chunk_fwd_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: s
                 R.load_state(S_f, h0, has_h0, n, h, v0)
                 for p in T.serial(n_pairs):
                     state_step(0, 2 * p, n_run, bos, eos, skip, K0, V0, A0, G0, S0, D0, W_s, Vr_s,
-                               S_f, U_f, full, empty, s_ready, vd_ready, o_free)
+                               S_f, U_f, full, empty, s_ready, vd_ready, o_free, has_h0)
                     state_step(1, 2 * p + 1, n_run, bos, eos, skip, K1, V1, A1, G1, S1, D1, W_s, Vr_s,
-                               S_f, U_f, full, empty, s_ready, vd_ready, o_free)
+                               S_f, U_f, full, empty, s_ready, vd_ready, o_free, has_h0)
                 if store_final != 0:
                     R.store_state(S_f, ht, n, h, v0)
             else:

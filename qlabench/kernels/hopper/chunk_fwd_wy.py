@@ -81,17 +81,19 @@ def _chunk_fwd_wy(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: s
     rows = R.rows
 
     @T.macro
-    def wu_step(slot: int, c, n_run, bos, eos, skip, K_s, V_s, Ag_s, gam_s, W_s, Uw_f, W_f, full, wu_ready):
+    def wu_step(slot: int, c, n_run, bos, eos, skip, K_s, V_s, Ag_s, gam_s, W_s, Uw_f, W_f, full, wu_ready, has_h0):
         if c < n_run:
             ph = (c // 2) & 1
             t0 = bos + (skip + c) * C
             T.mbarrier_wait_parity(full[slot], ph)
-            if t0 + C > eos:  # rows past the end: 0 * non-finite is not 0 in the products below
+            # rows past the end: 0 * non-finite is not 0 in the products below; the transition mode
+            # (has_h0 == 2) reads V as zero
+            if t0 + C > eos or has_h0 == 2:
                 for i, d in T.Parallel(C, K):
                     if t0 + i >= eos:
                         K_s[i, d] = T.cast(0, dtype)
                 for i, j in T.Parallel(C, BV):
-                    if t0 + i >= eos:
+                    if t0 + i >= eos or has_h0 == 2:
                         V_s[i, j] = T.cast(0, dtype)
                 T.fence_proxy_async()
                 T.sync_threads(BAR_WU, 128)
@@ -220,8 +222,9 @@ def _chunk_fwd_wy(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: s
                               vd_ready, o_free)
             else:
                 for p in T.serial(n_pairs):
-                    wu_step(0, 2 * p, n_run, bos, eos, skip, K0, V0, A0, G0, W0, Uw_f, W_f, full, wu_ready)
-                    wu_step(1, 2 * p + 1, n_run, bos, eos, skip, K1, V1, A1, G1, W1, Uw_f, W_f, full, wu_ready)
+                    wu_step(0, 2 * p, n_run, bos, eos, skip, K0, V0, A0, G0, W0, Uw_f, W_f, full, wu_ready, has_h0)
+                    wu_step(1, 2 * p + 1, n_run, bos, eos, skip, K1, V1, A1, G1, W1, Uw_f, W_f, full, wu_ready,
+                            has_h0)
 
     configs = {} if auto_sync else {PassConfigKey.TL_DISABLE_THREAD_STORAGE_SYNC: True}
     return compile_for(T.prim_func(chunk_fwd_wy), arch, configs)
