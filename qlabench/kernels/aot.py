@@ -48,7 +48,7 @@ def cache_entries(root: Path) -> set[str]:
 def forward_kernels(h_qk: int, h_v: int, arch: str, dtype: str = "bfloat16",
                     state_layouts=(False, True)) -> list[tuple[str, str, object]]:
     """(name, config text, thunk) for every forward kernel of one head configuration."""
-    from .common.cp_correct import BV_CORRECT, cp_correct_kernel
+    from .common.cp_correct import BV_CORRECT, cp_correct_kernel, split_hi_lo_kernel
     from .common.cp_tables import cp_tables_kernel
     from .common.cumsum import chunk_local_cumsum_kernel
 
@@ -62,6 +62,7 @@ def forward_kernels(h_qk: int, h_v: int, arch: str, dtype: str = "bfloat16",
         ("cp_correct", f"H={h_v} BV={BV_CORRECT}",
          lambda: cp_correct_kernel(h_v, HEAD_DIM, HEAD_DIM, BV_CORRECT, a.name)),
         ("cp_tables", f"H={h_v}", lambda: cp_tables_kernel(h_v, a.name)),
+        ("split_hi_lo", f"K={HEAD_DIM}", lambda: split_hi_lo_kernel(HEAD_DIM, a.name)),
     ]
     # the A/B recurrences and, where the arch has them, the warp-specialized ones (sm90's defaults: ws
     # at BV 32, wy at BV 64)

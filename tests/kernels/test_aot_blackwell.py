@@ -25,7 +25,7 @@ from click.testing import CliRunner
 from qlabench.cli import main
 
 SM120_SMEM_PER_BLOCK = 101376  # bytes of shared memory one block may opt into on sm_120 (99 KB)
-FORWARD = ("chunk_local_cumsum", "kkt_solve", "cp_correct", "cp_tables", "chunk_fwd", "chunk_fwd_pipelined")
+FORWARD = ("chunk_local_cumsum", "kkt_solve", "cp_correct", "cp_tables", "split_hi_lo", "chunk_fwd", "chunk_fwd_pipelined")
 TCGEN05 = ("kkt_solve", "chunk_fwd", "chunk_fwd_pipelined")  # sm100 kernels with tensor-memory MMAs
 
 

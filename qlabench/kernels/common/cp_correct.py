@@ -17,8 +17,8 @@ Product precision. M X runs on tensor cores in bf16 with a hi / lo split of both
 (Y = bf16(Y) + bf16(Y - bf16(Y)) for Y = M, X): M X ~ M_hi X_hi + M_hi X_lo + M_lo X_hi, three products
 with fp32 accumulation; the dropped M_lo X_lo term and the rounding of the lo parts leave a relative error
 of about 2^-16 per step (one bf16 product: 2^-8), so a chain of 30+ steps stays near fp32. M's split is
-done once for every row before the launch (``cp_correct``: two bf16 tensors, the same roundings the
-kernel did per step before, session 10); X's in the kernel.
+done once for every row before the launch (``split_hi_lo_kernel``, one launch: two bf16 tensors, the
+same roundings the kernel did per step before, session 10); X's in the kernel.
 
 Loads. The chain's step s needs M_hi, M_lo and the L tile of row j = src[s] only, not X, so they are
 prefetched: TMA loads into a 2-stage ring (one mbarrier per stage), issued two steps ahead, so a step
@@ -135,6 +135,27 @@ def cp_correct_kernel(H: int, K: int, V: int, BV: int, arch: str):
 
 
 BV_CORRECT = 32  # V tile: 4 blocks per (long sequence, v-head) at V = 128
+SPLIT_ROWS = 64  # rows of M per block of the hi / lo split
+
+
+@functools.cache
+def split_hi_lo_kernel(K: int, arch: str):
+    """M `[n_rows, K]` fp32 -> (M_hi, M_lo) bf16 with M_hi = bf16(M), M_lo = bf16(M - M_hi): one launch
+    instead of torch's four (cast, cast back, subtract, cast), each a launch slot in a CUDA graph."""
+    n_rows = T.dynamic("n_rows")
+
+    @T.prim_func
+    def split_hi_lo(M: T.Tensor((n_rows, K), "float32"), M_hi: T.Tensor((n_rows, K), "bfloat16"),
+                    M_lo: T.Tensor((n_rows, K), "bfloat16")):
+        with T.Kernel(T.ceildiv(n_rows, SPLIT_ROWS), threads=THREADS) as b:
+            for i, j in T.Parallel(SPLIT_ROWS, K):
+                r = b * SPLIT_ROWS + i
+                if r < n_rows:
+                    hi = T.cast(M[r, j], "bfloat16")
+                    M_hi[r, j] = hi
+                    M_lo[r, j] = T.cast(M[r, j] - T.cast(hi, "float32"), "bfloat16")
+
+    return compile_for(split_hi_lo, arch)
 
 
 def cp_correct(init, L, M, flag, src, out, arch: str):
@@ -152,7 +173,8 @@ def cp_correct(init, L, M, flag, src, out, arch: str):
         out[0].copy_(init)
         return out
     bv = BV_CORRECT if V % BV_CORRECT == 0 else V
-    M_hi = M.to(torch.bfloat16)
-    M_lo = (M - M_hi.float()).to(torch.bfloat16)
+    M_hi = torch.empty(M.shape, dtype=torch.bfloat16, device=M.device)
+    M_lo = torch.empty_like(M_hi)
+    split_hi_lo_kernel(K, arch)(M.view(-1, K), M_hi.view(-1, K), M_lo.view(-1, K))
     cp_correct_kernel(H, K, V, bv, arch)(init, L, M_hi, M_lo, flag, src, out)
     return out
