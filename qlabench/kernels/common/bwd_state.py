@@ -98,23 +98,35 @@ def store_dgam0(S0_s, dS_s, ss_s, kt1_s, dgu_s, gam_last: T.Ref, row_sum: T.Ref,
 
 
 @T.macro
-def dgam0_rows(S0_s, dS_s, kt1_s, dgu_s, gam_last: T.Ref, prod_f, red_f, tmp_f, sv_s, dgam_s, t0, end, C: int, K: int,
-               V: int):
-    """store_dgam0's rows into the shared vector ``dgam_s`` (C,) instead of HBM, zero past the chunk's
-    end (hopper/bwd_chunk.py keeps dgam0 on chip), with every sum a tree reduction over all threads:
-    sum(dS .* S0) as one C x V reduction of row pairs (i, C + i) (K == 2 C; row sums into ``sv_s``
-    (C,): no loop, so the reductions' workspace can never be merged over a live partial), then one C x C
-    reduction whose every row is exp(gam_last) sum(sv) + sum_{i < L} kt1_i (the last real row's
-    term), instead of store_dgam0's per-thread serial loops (K + K + C dependent shared loads)."""
-    for i, j in T.Parallel(C, V):  # rows i and C + i of S0 .* dS (K == 2 C), summed by row into sv_s
+def sv_rows(S0_s, dS_s, prod_f, red_f, sv_s, C: int, V: int):
+    """sum(dS .* S0) as one C x V reduction of row pairs (i, C + i) (K == 2 C): row sums into ``sv_s`` (C,)
+    (no loop, so the reduction's workspace can never be merged over a live partial)."""
+    for i, j in T.Parallel(C, V):
         prod_f[i, j] = (T.cast(S0_s[i, j], "float32") * T.cast(dS_s[i, j], "float32")
                         + T.cast(S0_s[C + i, j], "float32") * T.cast(dS_s[C + i, j], "float32"))
     T.reduce_sum(prod_f, red_f, dim=1)
     for i in T.Parallel(C):
         sv_s[i] = red_f[i]
+
+
+@T.macro
+def dgam0_from_sv(sv_s, kt1_s, dgu_s, gam_last: T.Ref, tmp_f, red_f, dgam_s, t0, end, C: int):
+    """store_dgam0's rows into the shared vector ``dgam_s`` (C,) from sv_s (``sv_rows``): one C x C
+    reduction whose every row is exp(gam_last) sum(sv) + sum_{i < L} kt1_i (the last real row's term),
+    zero past the chunk's end."""
     for i, j in T.Parallel(C, C):
         tmp_f[i, j] = T.exp(gam_last) * sv_s[j] + T.if_then_else(t0 + j < end - 1, kt1_s[j], 0.0)
     T.reduce_sum(tmp_f, red_f, dim=1)
     for i in T.Parallel(C):
         dgam_s[i] = T.if_then_else(t0 + i < end, dgu_s[i] + T.if_then_else(t0 + i == end - 1, red_f[i], -kt1_s[i]),
                                    0.0)
+
+
+@T.macro
+def dgam0_rows(S0_s, dS_s, kt1_s, dgu_s, gam_last: T.Ref, prod_f, red_f, tmp_f, sv_s, dgam_s, t0, end, C: int, K: int,
+               V: int):
+    """store_dgam0's rows into ``dgam_s`` (hopper/bwd_chunk.py keeps dgam0 on chip), every sum a tree
+    reduction over all threads: ``sv_rows`` then ``dgam0_from_sv``, instead of store_dgam0's per-thread
+    serial loops (K + K + C dependent shared loads)."""
+    sv_rows(S0_s, dS_s, prod_f, red_f, sv_s, C, V)
+    dgam0_from_sv(sv_s, kt1_s, dgu_s, gam_last, tmp_f, red_f, dgam_s, t0, end, C)

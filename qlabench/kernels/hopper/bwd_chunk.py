@@ -71,7 +71,7 @@ import tilelang.language as T
 
 from ..common.build import compile_for
 from ..common.bwd_intra import store_dg_dbeta, wy_inverse_grad
-from ..common.bwd_state import dgam0_rows, kt1_terms, load_chunk, w_and_du
+from ..common.bwd_state import dgam0_from_sv, dgam0_rows, kt1_terms, load_chunk, sv_rows, w_and_du
 
 BAR_HANDOFF = 8  # named barrier: the dq warpgroup's dAs to the dk warpgroup (0-4 are TileLang's)
 
@@ -244,32 +244,17 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
                             T.gemm(Vp_s, dS_s, acc1, transpose_B=True, clear_accum=True)
                             for i, j in T.Parallel(C, K):
                                 dk_f[i, j] = T.exp(gam_last - gam_s[i]) * acc1[i, j]
-                            for i, j in T.Parallel(C, K):
-                                acc1[i, j] = K_s[i, j] * acc1[i, j]
-                            T.reduce_sum(acc1, red1, dim=1)
-                            for i in T.Parallel(C):
-                                kt1_s[i] = T.exp(gam_last - gam_s[i]) * red1[i]
+                            kt1_terms(K_s, acc1, gam_s, gam_last, acc1, red1, kt1_s, C, K)  # in place over acc1
                             T.gemm(dv_s, S0_s, dk_f, transpose_B=True)
                             T.gemm(dP_s, Q_s, dk_f, transpose_A=True)
-                            # sum(S0 .* dS) as row pairs (i, C + i) into sv_s (K == 2 C), for the dgam0 tail
-                            for i, j in T.Parallel(C, V):
-                                acc1[i, j] = (T.cast(S0_s[i, j], "float32") * T.cast(dS_s[i, j], "float32")
-                                              + T.cast(S0_s[C + i, j], "float32") * T.cast(dS_s[C + i, j], "float32"))
-                            T.reduce_sum(acc1, red1s, dim=1)
-                            for i in T.Parallel(C):
-                                sv_s[i] = red1s[i]
+                            sv_rows(S0_s, dS_s, acc1, red1s, sv_s, C, V)  # sum(S0 .* dS), for the dgam0 tail
                             T.sync_threads(BAR_HANDOFF, 256)
                             T.gemm(dAs_s, K_s, dk_f)
                             store_rows(dk_f, dk_out, t0, end, hk)
                         T.sync_threads()
                         # dgam0 = e-term - r-terms; the last real row L gets exp(gam_last) sum(S0 .* dS) +
                         # sum_{i < L} r-terms (its own r-term cancels exactly and is never formed)
-                        for i, j in T.Parallel(C, C):
-                            acc_cc[i, j] = T.exp(gam_last) * sv_s[j] + T.if_then_else(t0 + j < end - 1, kt1_s[j], 0.0)
-                        T.reduce_sum(acc_cc, redl, dim=1)
-                        for i in T.Parallel(C):
-                            dgam_s[i] = T.if_then_else(
-                                t0 + i < end, dgu_s[i] + T.if_then_else(t0 + i == end - 1, redl[i], -kt1_s[i]), 0.0)
+                        dgam0_from_sv(sv_s, kt1_s, dgu_s, gam_last, acc_cc, redl, dgam_s, t0, end, C)
                     else:
                         # dq += scale diag(e) dO S0^T + dP K, with rowdot(Q, dq0) for dgam
                         T.gemm(dO_s, S0_s, acc_a, transpose_B=True, clear_accum=True)
