@@ -76,7 +76,7 @@ def cp_rule(plan, heads: int, for_backward: bool = False) -> bool:
 def _forward(q, k, v, g, beta, *, scale, initial_state, cu_seqlens, output_final_state, output_h, state_v_first,
              options: KernelOptions | None = None, for_backward: bool = False):
     """The forward kernels, with intra-card CP (forward_cp.py) when the plan turns it on (``for_backward``:
-    a backward will follow, `cp_rule`).
+    a backward will follow, `cp_rule`; without it A is neither written nor returned: None).
 
     Returns chunk_gated_delta_rule_fwd's five entries plus ``cp`` = (plan, h0_pieces, transitions) when CP ran,
     else None: the backward runs its CP mirror (backward_cp.py) from the same pieces.
@@ -90,12 +90,13 @@ def _forward(q, k, v, g, beta, *, scale, initial_state, cu_seqlens, output_final
         *out, h0_pieces, transitions = chunk_gated_delta_rule_fwd_cp(
             q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
             output_final_state=output_final_state, state_v_first=state_v_first, plan=plan,
-            transition="always", return_piece_states=True, options=options)  # "always": no host read
+            transition="always", return_piece_states=True, options=options,  # "always": no host read
+            keep_a=for_backward)
         return (*out, (plan, h0_pieces, transitions))
     out = chunk_gated_delta_rule_fwd(
         q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
         output_final_state=output_final_state, output_h=output_h, state_v_first=state_v_first,
-        options=options)
+        options=options, keep_a=for_backward)
     return (*out, None)
 
 

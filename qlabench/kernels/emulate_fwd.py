@@ -44,7 +44,7 @@ def twin_chunk_local_cumsum(g, table, C: int, arch: str, reverse: bool = False, 
     return out
 
 
-def twin_kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str):
+def twin_kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str, store_a: bool = True):
     def kkt_solve(q, k, g_cumsum, beta, chunk_bounds, A, Ag, Pm, scale):
         qf, kf = _expand_heads(q, h_v), _expand_heads(k, h_v)
         gf, bf = g_cumsum.to(F64), beta.to(F64)
@@ -58,7 +58,8 @@ def twin_kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch:
             A_k = torch.linalg.solve_triangular(eye + lower, eye.expand_as(lower), upper=False,
                                                 unitriangular=True)
             n = end - t0
-            A[t0:end] = A_k.movedim(0, 1)[:n].to(A.dtype)
+            if store_a:
+                A[t0:end] = A_k.movedim(0, 1)[:n].to(A.dtype)
             Ag[t0:end] = (Gam * A_k * b[:, None, :]).movedim(0, 1)[:n].to(Ag.dtype)
             Pm[t0:end] = (scale * Gam * (Q_c @ K_c.transpose(-1, -2))).movedim(0, 1)[:n].to(Pm.dtype)
 

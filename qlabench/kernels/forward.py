@@ -24,6 +24,7 @@ _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 def chunk_gated_delta_rule_fwd(
     q, k, v, g, beta, scale=None, initial_state=None, cu_seqlens=None, output_final_state=True,
     output_h=False, state_v_first=False, arch: Arch | None = None, options: KernelOptions | None = None,
+    keep_a: bool = True,
 ):
     """Forward kernels without autograd.
 
@@ -33,6 +34,9 @@ def chunk_gated_delta_rule_fwd(
         output_h: also return the per-chunk start states.
         options: the kernel variants (``fwd_kernel``; ``cp`` is the API's business); None: the
             QLABENCH_FWD_KERNEL switch, read here.
+        keep_a: also return A (only the backward reads it); False: kkt_solve does not write it and A is
+            returned as None (a forward no backward follows: one C x C bf16 tile per chunk and v-head
+            less to store).
 
     Returns:
         (g_cumsum `[B, T, H_v]` fp32, A `[B, T, H_v, C]` gate-free inverse in q's dtype (rows of the
@@ -55,9 +59,9 @@ def chunk_gated_delta_rule_fwd(
     table = chunk_table(cu_seqlens, p.seq_bounds, p.B, p.T, C, dev)
 
     g_cumsum = chunk_local_cumsum(g2, table, C, arch.name)
-    A, Ag, Pm = (torch.empty(BT, p.h_v, C, dtype=q.dtype, device=dev) for _ in range(3))
-    kkt_kernel = kernel_factory(arch, "kkt_solve")(p.h_qk, p.h_v, p.K, C, dtype, arch.name)
-    kkt_kernel(q2, k2, g_cumsum, beta2, table.chunk_bounds, A, Ag, Pm, p.scale)
+    A, Ag, Pm = kkt_outputs(BT, p.h_v, C, q.dtype, dev, keep_a)
+    kkt_kernel = kernel_factory(arch, "kkt_solve")(p.h_qk, p.h_v, p.K, C, dtype, arch.name, keep_a)
+    kkt_kernel(q2, k2, g_cumsum, beta2, table.chunk_bounds, Ag if A is None else A, Ag, Pm, p.scale)
 
     state = (p.h_v, p.V, p.K) if state_v_first else (p.h_v, p.K, p.V)
     has_h0 = initial_state is not None
@@ -76,11 +80,18 @@ def chunk_gated_delta_rule_fwd(
            p.scale, int(has_h0), int(bool(output_final_state)), int(bool(output_h)), 0)
     return (
         g_cumsum.reshape(p.B, p.T, p.h_v),
-        A.reshape(p.B, p.T, p.h_v, C),
+        None if A is None else A.reshape(p.B, p.T, p.h_v, C),
         o.reshape(p.B, p.T, p.h_v, p.V),
         h if output_h else None,
         ht if output_final_state else None,
     )
+
+
+def kkt_outputs(n_tok: int, h_v: int, C: int, dtype, device, keep_a: bool):
+    """kkt_solve's outputs A (None unless ``keep_a``: the kernel then gets Ag in A's place and, compiled
+    with store_a False, never writes it), Ag, Pm: `[n_tok, H_v, C]` each."""
+    A = torch.empty(n_tok, h_v, C, dtype=dtype, device=device) if keep_a else None
+    return (A,) + tuple(torch.empty(n_tok, h_v, C, dtype=dtype, device=device) for _ in range(2))
 
 
 _RECURRENCE_ROLES = {

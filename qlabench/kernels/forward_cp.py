@@ -80,7 +80,7 @@ from .common.cp_tables import cp_tables
 from .common.cumsum import chunk_local_cumsum
 from .cp import CPPlan, plan_cp
 from .dispatch import arch_for_device, kernel_factory
-from .forward import _sm_count, recurrence_kernel
+from .forward import _sm_count, kkt_outputs, recurrence_kernel
 from .validate import validate
 from .value_tile import FORWARD_STEP_US, chain_chunks, value_tile
 
@@ -122,7 +122,7 @@ def chunk_gated_delta_rule_fwd_cp(
     q, k, v, g, beta, scale=None, initial_state=None, cu_seqlens=None, output_final_state=True,
     state_v_first=False, plan: CPPlan | None = None, decay_threshold: float | None = -10.0,
     *, plan_heads: int | None = None, transition: str = "auto", arch=None, return_piece_states: bool = False,
-    options=None,
+    options=None, keep_a: bool = True,
 ):
     """`forward.chunk_gated_delta_rule_fwd` with intra-card CP (see the module docstring).
 
@@ -154,7 +154,7 @@ def chunk_gated_delta_rule_fwd_cp(
     return _fwd_cp(q, k, v, g, beta, p, initial_state, cu_seqlens, output_final_state, state_v_first, plan,
                    decay_threshold, transition,
                    _device_kernels(arch, None if options is None else options.fwd_kernel), arch, sms,
-                   return_piece_states=return_piece_states)
+                   return_piece_states=return_piece_states, keep_a=keep_a)
 
 
 def check_cp_arguments(p, plan, decay_threshold, transition, C: int) -> None:
@@ -171,7 +171,8 @@ def check_cp_arguments(p, plan, decay_threshold, transition, C: int) -> None:
 
 
 def _fwd_cp(q, k, v, g, beta, p, initial_state, cu_seqlens, output_final_state, state_v_first, plan,
-            decay_threshold, transition, kernels: ForwardKernels, arch, sms: int, return_piece_states=False):
+            decay_threshold, transition, kernels: ForwardKernels, arch, sms: int, return_piece_states=False,
+            keep_a: bool = True):
     """The orchestration; ``kernels`` are the device kernels or their float64 twins."""
     C = arch.chunk_size
     check_cp_arguments(p, plan, decay_threshold, transition, C)
@@ -189,9 +190,9 @@ def _fwd_cp(q, k, v, g, beta, p, initial_state, cu_seqlens, output_final_state, 
 
     # (a) cumsum + kkt_solve over the original sequences.
     g_cumsum = kernels.cumsum(g2, table, C, arch.name)
-    A, Ag, Pm = (torch.empty(BT, H, C, dtype=q.dtype, device=dev) for _ in range(3))
-    kernels.kkt_solve(p.h_qk, H, K, C, dtype, arch.name)(
-        q2, k2, g_cumsum, beta2, table.chunk_bounds, A, Ag, Pm, p.scale)
+    A, Ag, Pm = kkt_outputs(BT, H, C, q.dtype, dev, keep_a)
+    kernels.kkt_solve(p.h_qk, H, K, C, dtype, arch.name, keep_a)(
+        q2, k2, g_cumsum, beta2, table.chunk_bounds, Ag if A is None else A, Ag, Pm, p.scale)
 
     state = (H, V, K) if state_v_first else (H, K, V)
     o = torch.empty(BT, H, V, dtype=q.dtype, device=dev)
@@ -212,7 +213,7 @@ def _fwd_cp(q, k, v, g, beta, p, initial_state, cu_seqlens, output_final_state, 
     final = ht_pieces[plan.last_piece] if output_final_state else None
     out = (
         g_cumsum.reshape(p.B, p.T, H),
-        A.reshape(p.B, p.T, H, C),
+        None if A is None else A.reshape(p.B, p.T, H, C),
         o.reshape(p.B, p.T, H, V),
         None,
         final,

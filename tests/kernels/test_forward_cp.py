@@ -159,14 +159,14 @@ def _inputs(T, h_qk, h_v, *, B=1, D=16, gates=None, h0_n=None, state_v_first=Fal
 
 
 def _run(q, k, v, g, beta, h0, cu, C, L, *, state_v_first=False, threshold=None, transition="auto",
-         enable=True, kernels=None, final=True):
+         enable=True, kernels=None, final=True, keep_a=True):
     cu_t = None if cu is None else torch.tensor(cu, dtype=torch.int32)
     p = validate(q, k, v, g, beta, None, h0, cu_t, state_v_first)
     plan = plan_cp(cu_t, heads=p.h_v, sm_count=132, chunk_size=C, B=p.B, T=p.T, piece_chunks=L, enable=enable)
     arch = types.SimpleNamespace(name="sm90", chunk_size=C)
     kernels = kernels or ForwardKernels(**TWIN_KERNELS)
     out = _fwd_cp(q, k, v, g, beta, p, h0, cu_t, final, state_v_first, plan, threshold, transition, kernels,
-                  arch, 132)
+                  arch, 132, keep_a=keep_a)
     return out, plan
 
 
@@ -493,6 +493,16 @@ def test_no_final_state():
     (_, _, o, _, ht), _ = _run(q, k, v, g, beta, h0, None, 8, 4, final=False)
     ref_o, _ = chunk_gated_delta_rule_ref(q, k, v, g, beta, chunk_size=8)
     assert ht is None and (o - ref_o).abs().max() <= EXACT
+
+
+def test_without_a_same_output_and_no_a():
+    """keep_a=False (a forward no backward follows): kkt_solve is asked not to write A, A comes back None,
+    and o and the final state are exactly the keep_a=True call's."""
+    q, k, v, g, beta, h0 = _inputs(300, 1, 2, h0_n=1)
+    (_, A, o, _, ht), _ = _run(q, k, v, g, beta, h0, None, 8, 4)
+    (_, A2, o2, _, ht2), _ = _run(q, k, v, g, beta, h0, None, 8, 4, keep_a=False)
+    assert A is not None and A2 is None
+    assert torch.equal(o, o2) and torch.equal(ht, ht2)
 
 
 def test_head_sharded_calls_match_the_unsharded_call():

@@ -43,7 +43,7 @@ from ..common.tri_inverse import invert_diag_blocks, merge_32_to_64, merge_pairs
 
 
 @functools.cache
-def kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str):
+def kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str, store_a: bool = True):
     group = h_v // h_qk
     DIAG = 16
     THREADS = 128
@@ -106,6 +106,6 @@ def kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str)
                 merge_pairs(L_s, X_s, M_s, tx, C, DIAG, THREADS)  # 16 -> 32, CUDA cores
                 # 32 -> 64: X21 = -X22 (L21 X11), two 32 x 32 x 32 fp32 products (mma.sync, tf32)
                 merge_32_to_64(L_s, X_s, M_s, M_f, C)
-                store_a_ag(X_s, gam_s, b_s, A_s, Ag_s, A, Ag, start, end, h, C, dtype)
+                store_a_ag(X_s, gam_s, b_s, A_s, Ag_s, A, Ag, start, end, h, C, dtype, store_a)
 
     return compile_for(kkt_solve, arch)

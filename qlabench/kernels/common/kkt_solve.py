@@ -49,12 +49,15 @@ def store_pm(qkt, gam_s, Pm_s, Pm, scale, start, end, by, C: int, dtype: str):
 
 
 @T.macro
-def store_a_ag(X_s, gam_s, b_s, A_s, Ag_s, A, Ag, start, end, by, C: int, dtype: str):
+def store_a_ag(X_s, gam_s, b_s, A_s, Ag_s, A, Ag, start, end, by, C: int, dtype: str, store_a: bool = True):
     """A = X (the inverse) and Ag = Gam .* A .* beta_col through the C x C shared tiles A_s, Ag_s, the
-    chunk's rows only."""
+    chunk's rows only; A is not written when ``store_a`` is False (a forward no backward follows: only
+    the backward reads A)."""
     for i, j in T.Parallel(C, C):
-        A_s[i, j] = T.cast(X_s[i, j], dtype)
+        if store_a:
+            A_s[i, j] = T.cast(X_s[i, j], dtype)
         Ag_s[i, j] = T.if_then_else(j <= i, T.cast(T.exp(gam_s[i] - gam_s[j]) * X_s[i, j] * b_s[j], dtype),
                                     T.cast(0, dtype))
-    store_rows(A_s, A, start, end, by, C)
+    if store_a:
+        store_rows(A_s, A, start, end, by, C)
     store_rows(Ag_s, Ag, start, end, by, C)

@@ -7,7 +7,8 @@ Formulas (gam = in-chunk cumsum of g, Gam[i, j] = exp(gam_i - gam_j) for j <= i 
     Pm  = scale Gam .* Q K^T                          (the intra-chunk output mask)
 Ag and Pm depend only on the chunk, not on the state, so computing them here (all chunks in
 parallel, once per v-head) keeps them off the serial chunk recurrence, which only reads them.
-Rows past the sequence end are not written.
+Rows past the sequence end are not written. Compiled with store_a False (a forward no backward
+follows: forward.kkt_outputs), A is not written at all: only the backward reads it.
 
 Grid: (NCmax chunks, H_v); blocks past the real chunk count exit. Threads: 128 (one warpgroup).
   * K K^T on tensor cores (wgmma 64x64x128, fp32 accumulate); rows past the chunk end are zero.
@@ -50,7 +51,7 @@ from ..common.tri_inverse import invert_diag_blocks, merge_32_to_64, merge_pairs
 
 
 @functools.cache
-def kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str):
+def kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str, store_a: bool = True):
     group = h_v // h_qk
     DIAG = 16
     THREADS = 128
@@ -102,6 +103,6 @@ def kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str)
                 merge_pairs(L_s, X_s, M_s, tx, C, DIAG, THREADS)  # 16 -> 32
                 if C == 4 * DIAG:  # 32 -> 64: two 32 x 32 x 32 products on tensor cores (tf32)
                     merge_32_to_64(L_s, X_s, M_s, M_f, C)
-                store_a_ag(X_s, gam_s, b_s, A_s, Ag_s, A, Ag, start, end, h, C, dtype)
+                store_a_ag(X_s, gam_s, b_s, A_s, Ag_s, A, Ag, start, end, h, C, dtype, store_a)
 
     return compile_for(kkt_solve, arch)
