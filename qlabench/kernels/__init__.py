@@ -159,9 +159,11 @@ class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, state_v_first,
-                options=None):
-        # any differentiable input (q, k, v, g, beta, initial_state): a backward may follow (cp_rule)
-        for_backward = any(ctx.needs_input_grad[i] for i in (0, 1, 2, 3, 4, 6))
+                options=None, records=True):
+        # any differentiable input (q, k, v, g, beta, initial_state) while autograd records: a backward may
+        # follow (cp_rule, and A is kept). needs_input_grad does not see torch.no_grad (and forward() itself
+        # always runs without grad), so the caller's grad mode comes in as ``records``.
+        for_backward = records and any(ctx.needs_input_grad[i] for i in (0, 1, 2, 3, 4, 6))
         g_cumsum, A, o, _, final_state, ctx.cp = _forward(
             q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
             output_final_state=output_final_state, output_h=False, state_v_first=state_v_first,
@@ -192,7 +194,7 @@ class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
         else:
             dq, dk, dv, dbeta, dg, dh0 = chunk_gated_delta_rule_bwd(*args, **kw)
         return (dq, dk, dv, dg.to(ctx.g_dtype), dbeta.to(beta.dtype), None,
-                dh0 if initial_state is not None else None, None, None, None, None)
+                dh0 if initial_state is not None else None, None, None, None, None, None)
 
 
 def chunk_gated_delta_rule(
@@ -231,5 +233,6 @@ def chunk_gated_delta_rule(
         q, k = _l2norm(q), _l2norm(k)
     o, final_state = ChunkGatedDeltaRuleFunction.apply(
         q, k, v, g, beta, p.scale, initial_state, bool(output_final_state), cu_seqlens, state_v_first, options,
+        torch.is_grad_enabled(),
     )
     return o, (final_state if output_final_state else None)

@@ -148,9 +148,11 @@ def test_bwd_cp_plan_modes(monkeypatch):
     assert api.bwd_cp_plan(x, x, two, KernelOptions()) is None
 
 
-@pytest.mark.parametrize("grad", [False, True], ids=["inference", "training"])
-def test_the_api_tells_the_forward_whether_a_backward_follows(grad, stubs, monkeypatch):
-    """chunk_gated_delta_rule hands _forward for_backward = some input requires grad (cp_rule's table)."""
+@pytest.mark.parametrize("grad,no_grad", [(False, False), (True, False), (True, True)],
+                         ids=["inference", "training", "requires-grad-under-no-grad"])
+def test_the_api_tells_the_forward_whether_a_backward_follows(grad, no_grad, stubs, monkeypatch):
+    """chunk_gated_delta_rule hands _forward for_backward = some input requires grad and autograd records
+    (cp_rule's table; without it A is not kept): under torch.no_grad no backward can follow."""
     seen = []
 
     def fake_forward(q, *args, **kw):
@@ -162,5 +164,6 @@ def test_the_api_tells_the_forward_whether_a_backward_follows(grad, stubs, monke
     x = torch.zeros(1, 64, 2, 128, dtype=torch.bfloat16)
     v = x.clone().requires_grad_(grad)
     g, beta = torch.zeros(1, 64, 2), torch.ones(1, 64, 2)
-    api.chunk_gated_delta_rule(x, x, v, g, beta, output_final_state=True)
-    assert seen == [grad]
+    with torch.set_grad_enabled(not no_grad):
+        api.chunk_gated_delta_rule(x, x, v, g, beta, output_final_state=True)
+    assert seen == [grad and not no_grad]

@@ -279,7 +279,7 @@ def test_cp_option_routes_forward_and_backward(monkeypatch):
         scale, state_v_first, g_dtype, cp, options = 1.0, False, torch.float32, None, on
 
     out = api.ChunkGatedDeltaRuleFunction.backward(Ctx(), torch.zeros(1), None)
-    assert len(out) == 11 and out[-1] is None  # one gradient slot per forward input, options included
+    assert len(out) == 12 and out[-1] is None  # one gradient slot per forward input, options and records included
     assert got[0]["planned"] is on and got[1]["options"] is on
 
 
