@@ -3,8 +3,8 @@ TileLang's liveness-based shared-memory merge (which the kernel needs to fit) or
 the dq warpgroup's branch, then the dk warpgroup's. It may therefore place a buffer only one branch
 touches over a buffer of the other branch. This test compiles the kernel for sm_90a and reads the buffer
 offsets from the generated CUDA: no buffer written by one branch before the hand-off barrier may share
-bytes with a buffer the other branch touches meanwhile. Under GQA the kernel keeps the lockstep tail
-(both warpgroups on every GEMM, no branches, no hand-off).
+bytes with a buffer the other branch touches meanwhile. Under GQA (bwd_chunk_gqa.py) both warpgroups run
+their whole v-head loop in their branch: no two buffers may share a byte at all.
 """
 
 from __future__ import annotations
@@ -60,6 +60,19 @@ def test_concurrent_branches_never_share_shared_memory():
     assert "__named_barrier_arrive(8, 256)" in src and "__sync_thread_partial(8, 256)" in src
 
 
-def test_gqa_keeps_the_lockstep_tail():
+def test_gqa_branches_share_no_shared_memory():
+    """Under GQA (bwd_chunk_gqa.py) the whole v-head loop runs inside each warpgroup's branch, so any two
+    buffers may be in use at once: the kernel is compiled without the liveness-based merge and no two of
+    its buffers may share a byte (and no cross-thread reduction needs a shared workspace)."""
     src = bwd_chunk_kernel(2, 8, K, V, C, "bfloat16", "sm90").get_kernel_source()
-    assert "__named_barrier_arrive" not in src and "threadIdx.x) < 128" not in src
+    sizes = {**SIZES, "dgu_s": 2 * C * 4}
+    found = re.findall(r"void\* (\w+) = \(\(void\*\)\(\(char\*\)buf_dyn_shmem \+ (\d+)\)\);", src)
+    assert found and not any(name.startswith("workspace") for name, _ in found)
+    ranges = {name: range(int(off), int(off) + sizes[name]) for name, off in found}
+    clashes = [(a, b) for a in ranges for b in ranges if a < b and _overlap(ranges[a], ranges[b])]
+    assert not clashes, f"buffers placed over each other: {clashes}"
+    assert src.count("threadIdx.x) < 128") == 1  # one branch point, before both loops
+    # the hand-off and the five per-v-head sync points of the two warpgroups
+    assert "__named_barrier_arrive(10, 256)" in src and "__sync_thread_partial(10, 256)" in src
+    for bar in (5, 6, 7, 8, 9):
+        assert src.count(f"__sync_thread_partial({bar}, 256)") == 2, bar

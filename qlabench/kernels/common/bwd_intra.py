@@ -57,9 +57,9 @@ def mask_sums(X_s, Y_s, tmp_f, red_f, dgm_s, dbc_s, C: int):
 
 
 @T.macro
-def wy_inverse_grad(T2_f, KK_f, beta_s, tmp_f, red_f, dM_s, dbr_s, dAs_s, C: int, dtype: str):
+def wy_inverse_grad(T2_f, KK_f, beta_s, tmp_f, red_f, dM_s, dbr_s, dAs_s, C: int, dtype: str, j0: int = 0):
     """From T2 = A^T dA A^T: dL = -strict_lower(T2) (in T2_f), rowsum(dL .* KK) for dbeta, dM =
-    diag(beta) dL and dAs = dM + dM^T."""
+    diag(beta) dL and dAs = dM + dM^T (into columns j0 .. j0 + C - 1 of ``dAs_s``)."""
     for i, j in T.Parallel(C, C):
         T2_f[i, j] = T.if_then_else(j < i, -T2_f[i, j], 0.0)
     for i, j in T.Parallel(C, C):
@@ -69,7 +69,7 @@ def wy_inverse_grad(T2_f, KK_f, beta_s, tmp_f, red_f, dM_s, dbr_s, dAs_s, C: int
     for i in T.Parallel(C):
         dbr_s[i] = red_f[i]
     for i, j in T.Parallel(C, C):
-        dAs_s[i, j] = T.cast(dM_s[i, j] + dM_s[j, i], dtype)
+        dAs_s[i, j0 + j] = T.cast(dM_s[i, j] + dM_s[j, i], dtype)
 
 
 @T.macro

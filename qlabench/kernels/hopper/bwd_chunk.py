@@ -72,6 +72,7 @@ import tilelang.language as T
 from ..common.build import compile_for
 from ..common.bwd_intra import store_dg_dbeta, wy_inverse_grad
 from ..common.bwd_state import dgam0_from_sv, dgam0_rows, kt1_terms, load_chunk, sv_rows, w_and_du
+from .bwd_chunk_gqa import bwd_chunk_gqa_kernel
 
 BAR_HANDOFF = 8  # named barrier: the dq warpgroup's dAs to the dk warpgroup (0-4 are TileLang's)
 
@@ -80,6 +81,8 @@ BAR_HANDOFF = 8  # named barrier: the dq warpgroup's dAs to the dk warpgroup (0-
 def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, arch: str):
     assert K == V == 2 * C, "prod_f serves C x V and C x K row dots; S0 .* dS is summed as two C-row blocks"
     group = h_v // h_qk
+    if group > 1:  # GQA: the v-head loop inside each warpgroup's branch (bwd_chunk_gqa.py)
+        return bwd_chunk_gqa_kernel(h_qk, h_v, K, V, C, dtype, arch)
     branches = group == 1  # one v-head per block: dq / dk branches on separate warpgroups (header)
     n_tok = T.dynamic("n_tok")
     n_chunks = T.dynamic("n_chunks")
