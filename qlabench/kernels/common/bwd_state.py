@@ -111,7 +111,8 @@ def sv_rows(S0_s, dS_s, prod_f, red_f, sv_s, C: int, V: int):
 
 @T.macro
 def dgam0_from_sv(sv_s, kt1_s, dgu_s, gam_last: T.Ref, tmp_f, red_f, dgam_s, t0, end, C: int):
-    """store_dgam0's rows into the shared vector ``dgam_s`` (C,) from sv_s (``sv_rows``): one C x C
+    """store_dgam0's rows into the shared vector ``dgam_s`` (C,) from sv_s (``sv_rows``; hopper/bwd_chunk.py
+    keeps dgam0 on chip): one C x C
     reduction whose every row is exp(gam_last) sum(sv) + sum_{i < L} kt1_i (the last real row's term),
     zero past the chunk's end."""
     for i, j in T.Parallel(C, C):
@@ -120,13 +121,3 @@ def dgam0_from_sv(sv_s, kt1_s, dgu_s, gam_last: T.Ref, tmp_f, red_f, dgam_s, t0,
     for i in T.Parallel(C):
         dgam_s[i] = T.if_then_else(t0 + i < end, dgu_s[i] + T.if_then_else(t0 + i == end - 1, red_f[i], -kt1_s[i]),
                                    0.0)
-
-
-@T.macro
-def dgam0_rows(S0_s, dS_s, kt1_s, dgu_s, gam_last: T.Ref, prod_f, red_f, tmp_f, sv_s, dgam_s, t0, end, C: int, K: int,
-               V: int):
-    """store_dgam0's rows into ``dgam_s`` (hopper/bwd_chunk.py keeps dgam0 on chip), every sum a tree
-    reduction over all threads: ``sv_rows`` then ``dgam0_from_sv``, instead of store_dgam0's per-thread
-    serial loops (K + K + C dependent shared loads)."""
-    sv_rows(S0_s, dS_s, prod_f, red_f, sv_s, C, V)
-    dgam0_from_sv(sv_s, kt1_s, dgu_s, gam_last, tmp_f, red_f, dgam_s, t0, end, C)

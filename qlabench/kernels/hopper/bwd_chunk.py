@@ -24,20 +24,19 @@ dq and dk of a qk-head are the sums of the above over its GQA group of v-heads.
 This is bwd_state followed by bwd_intra (their math is ``emulate_bwd._emu_state`` then
 ``_emu_intra``; sm100 still runs them as two kernels, blackwell/bwd_state.py and bwd_intra.py) with
 the intermediates dAg, dPg, dq0, dk0, dgam0 kept in registers and shared memory instead of an fp32
-write and re-read through HBM, and the GQA group sum of dq, dk done in registers: each block loops
-over its qk-head's v-heads, accumulating dq, dk in fp32 fragments, and stores them once in the
-inputs' dtype (no per-v-head fp32 buffers, no host reduction or cast).
+write and re-read through HBM. This file is the one-v-head-per-block form (H_v == H_qk); under GQA
+``bwd_chunk_kernel`` returns bwd_chunk_gqa.py's kernel, which sums dq, dk over the group in registers
+(the v-head loop inside each warpgroup's branch) and stores them once in the inputs' dtype.
 The mask term rowsum(X) - colsum(X) is a cancellation under strong decay, so X stays fp32 and is
 differenced element by element (X_ij - X_ji) before the row sum; column sums are row sums of the
 transposed shared tile (every reduction is along the last dimension); sum(dS .* S0) and the last
-row's term are tree reductions over all threads (common/bwd_state.dgam0_rows).
+row's term are tree reductions (common/bwd_state.sv_rows, dgam0_from_sv).
 
-Grid: (NCmax chunks, H_qk); blocks of the chunk table's unused rows (start == end) do nothing; each
-block walks the group's H_v / H_qk v-heads in order.
-Threads: 256, two warpgroups. Per v-head, both warpgroups first run the shared part (every GEMM has
+Grid: (NCmax chunks, H_qk = H_v); blocks of the chunk table's unused rows (start == end) do nothing.
+Threads: 256, two warpgroups. Both warpgroups first run the shared part (every GEMM has
 M = 64 and the warp policy splits N): K S0 (64x128x128), Ag W (64x128x64), dV' W^T, dO V'^T, Q K^T
 (64x64x128), with the e-term, Y, dA, dbeta's column term, X, dP and dgam's mask term.
-Then, with one v-head per block (H_v == H_qk), the two branches run on separate warpgroups, each GEMM
+Then the two branches run on separate warpgroups, each GEMM
 at full N on one warpgroup (named barriers only; TileLang's automatic syncs become 128-thread ones):
   * warpgroup 0 (dq): dO S0^T (64x128x128) -> dq0, rowdot(Q, dq0); dq = dq0 + dP K (64x128x64),
     stored; the WY-inverse terms: A^T dA, T1 A^T (64x64x64), K K^T (64x64x128) -> dbeta's row term
@@ -47,20 +46,17 @@ at full N on one warpgroup (named barriers only; TileLang's automatic syncs beco
   * both: dgam0 (the last real row's sums as one C x C reduction) and the dg / dbeta stores.
   H200, bwd_chunk alone, us (results/h200/2026-12-01_s11/bwd-chunk-branches-ab.log): hk16_hv16
   1x32768 1352 vs 1571 for the lockstep tail, 8192x4 1353 vs 1539, hk8_hv8 1x32768 687 vs 763.
-Under GQA the tail stays lockstep (both warpgroups on every GEMM, dq and dk summed over the group in
-fp32 registers of both): with the branches ptxas keeps both sums live in every thread (it cannot see
-that a thread uses only one), so the measured variant carried dk's sum through shared memory (32 KB,
-225 KB in all) with dq's in registers (255 registers, 16 bytes of spills) and ran slower: hk16_hv64
-1x32768 5450 vs 4953 us, hk2_hv8 714 vs 648 (bwd-chunk-v2-ab.log).
+Under GQA these branches with the v-head loop around them measured slower than the lockstep tail (ptxas
+keeps both group sums live in every thread: hk16_hv64 1x32768 5450 vs 4953 us, bwd-chunk-v2-ab.log);
+bwd_chunk_gqa.py moves the loop inside the branches instead (session 12: 4487 vs 4979).
 Shared memory (bf16 unless said): Q, K, V (then W), dO, dV', dv (then dU), V' 7 x 16 KB; S0, dS
 2 x 32 KB; A, Ag (then dA), dP, T1, dAs 5 x 8 KB; F (fp32 C x C: Y, then X, then dM) 16 KB; C / K
-vectors fp32 ~3 KB: 242 KB if every buffer lived through the v-head loop; compiled with TileLang's
+vectors fp32 ~3 KB: 242 KB if every buffer lived through the kernel; compiled with TileLang's
 liveness-based aggressive merge, which overlaps the dead ones: 193 KB of the 227 KB (one block per
 SM). The merge orders the two branches as written (dq's, then dk's), so a buffer only the dk branch
 writes could land on one the concurrent dq branch uses: the dk branch's own outputs (kt1, sv) are
 written before the branches to pin their lifetimes, and tests/kernels/test_bwd_chunk_compile.py reads
-the compiled offsets to check it. Registers (ptxas, sm_90a): 173 with the branches, 242 lockstep
-(GQA), no spills.
+the compiled offsets to check it. Registers (ptxas, sm_90a): 173, no spills.
 scale is a runtime argument (one compiled kernel serves every scale).
 """
 
@@ -71,7 +67,7 @@ import tilelang.language as T
 
 from ..common.build import compile_for
 from ..common.bwd_intra import store_dg_dbeta, wy_inverse_grad
-from ..common.bwd_state import dgam0_from_sv, dgam0_rows, kt1_terms, load_chunk, sv_rows, w_and_du
+from ..common.bwd_state import dgam0_from_sv, kt1_terms, load_chunk, sv_rows, w_and_du
 from .bwd_chunk_gqa import bwd_chunk_gqa_kernel
 
 BAR_HANDOFF = 8  # named barrier: the dq warpgroup's dAs to the dk warpgroup (0-4 are TileLang's)
@@ -83,7 +79,6 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
     group = h_v // h_qk
     if group > 1:  # GQA: the v-head loop inside each warpgroup's branch (bwd_chunk_gqa.py)
         return bwd_chunk_gqa_kernel(h_qk, h_v, K, V, C, dtype, arch)
-    branches = group == 1  # one v-head per block: dq / dk branches on separate warpgroups (header)
     n_tok = T.dynamic("n_tok")
     n_chunks = T.dynamic("n_chunks")
     n_hc = T.dynamic("n_hc")
@@ -141,9 +136,9 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
             dbc_s = T.alloc_shared((C,), "float32")
             dbr_s = T.alloc_shared((C,), "float32")
             # both warpgroups (every GEMM's N split between them)
-            acc_a = T.alloc_fragment((C, V), "float32")  # U, then V' (lockstep: then dq0)
+            acc_a = T.alloc_fragment((C, V), "float32")  # U, then V'
             acc_cc = T.alloc_fragment((C, C), "float32")  # dAg, then dPg
-            P_f = T.alloc_fragment((C, C), "float32")  # Q K^T (lockstep: then K K^T)
+            P_f = T.alloc_fragment((C, C), "float32")  # Q K^T
             prod_f = T.alloc_fragment((C, V), "float32")
             red_f = T.alloc_fragment((C,), "float32")
             redc = T.alloc_fragment((C,), "float32")
@@ -151,24 +146,18 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
             redg = T.alloc_fragment((C,), "float32")
             T1_f = T.alloc_fragment((C, C), "float32")
             T2_f = T.alloc_fragment((C, C), "float32")
-            if branches:
-                redl = T.alloc_fragment((C,), "float32")
-                # dq warpgroup
-                dq_f = T.alloc_fragment((C, K), "float32")
-                acc0 = T.alloc_fragment((C, K), "float32")  # dq0
-                KK_f = T.alloc_fragment((C, C), "float32")
-                red0q = T.alloc_fragment((C,), "float32")
-                red0b = T.alloc_fragment((C,), "float32")
-                # dk warpgroup
-                dk_f = T.alloc_fragment((C, K), "float32")
-                acc1 = T.alloc_fragment((C, K), "float32")  # T1 = V' dS^T, then S0 .* dS row pairs
-                red1 = T.alloc_fragment((C,), "float32")
-                red1s = T.alloc_fragment((C,), "float32")
-            else:
-                acc_b = T.alloc_fragment((C, K), "float32")  # T1, then dk0
-                dq_f = T.alloc_fragment((C, K), "float32")  # dq, dk summed over the group's v-heads
-                dk_f = T.alloc_fragment((C, K), "float32")
-                tmp_f = T.alloc_fragment((C, C), "float32")
+            redl = T.alloc_fragment((C,), "float32")
+            # dq warpgroup
+            dq_f = T.alloc_fragment((C, K), "float32")
+            acc0 = T.alloc_fragment((C, K), "float32")  # dq0
+            KK_f = T.alloc_fragment((C, C), "float32")
+            red0q = T.alloc_fragment((C,), "float32")
+            red0b = T.alloc_fragment((C,), "float32")
+            # dk warpgroup
+            dk_f = T.alloc_fragment((C, K), "float32")
+            acc1 = T.alloc_fragment((C, K), "float32")  # T1 = V' dS^T, then S0 .* dS row pairs
+            red1 = T.alloc_fragment((C,), "float32")
+            red1s = T.alloc_fragment((C,), "float32")
             gam_last = T.alloc_var("float32")
 
             tx = T.get_thread_binding()
@@ -178,10 +167,7 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
             if t0 < end:
                 for i, d in T.Parallel(C, K):
                     Q_s[i, d] = T.if_then_else(t0 + i < end, q[t0 + i, hk, d], T.cast(0, dtype))
-                if not branches:
-                    T.clear(dq_f)
-                    T.clear(dk_f)
-                for g in T.serial(group):
+                for g in T.serial(group):  # group == 1 here (the loop keeps TileLang's sync placement)
                     hv = hk * group + g
                     load_chunk(k, v, do, dvp, dv, A, h, dh, g_cumsum, beta, K_s, V_s, dO_s, dVp_s, dv_s, A_s, S0_s,
                                dS_s, gam_s, beta_s, Ag_s, gam_last, c, t0, end, hk, hv, C, K, V, dtype)
@@ -219,89 +205,48 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
                         kt1_s[i] = 0.0  # written by the dk warpgroup: touched before the branches, so never
                         sv_s[i] = 0.0  # merged over a buffer of the concurrent dq warpgroup
 
-                    if branches:
-                        T.sync_threads()
-                        if tx < 128:
-                            # dq = dq0 + dP K with dq0 = scale diag(e) dO S0^T; rowdot(Q, dq0) for dgam
-                            T.gemm(dO_s, S0_s, acc0, transpose_B=True, clear_accum=True)
-                            for i, j in T.Parallel(C, K):
-                                acc0[i, j] = scale * T.exp(gam_s[i]) * acc0[i, j]
-                                dq_f[i, j] = acc0[i, j]
-                            for i, j in T.Parallel(C, K):
-                                acc0[i, j] = Q_s[i, j] * acc0[i, j]
-                            T.reduce_sum(acc0, red0q, dim=1)
-                            for i in T.Parallel(C):
-                                dgq_s[i] = red0q[i]
-                            T.gemm(dP_s, K_s, dq_f)
-                            store_rows(dq_f, dq_out, t0, end, hk)
-                            # WY inverse: dL = -strict_lower(A^T dA A^T), dbeta's row term, dAs = dM + dM^T
-                            T.gemm(A_s, Ag_s, T1_f, transpose_A=True, clear_accum=True)
-                            T.copy(T1_f, T1_s)
-                            T.gemm(T1_s, A_s, T2_f, transpose_B=True, clear_accum=True)
-                            T.gemm(K_s, K_s, KK_f, transpose_B=True, clear_accum=True)
-                            wy_inverse_grad(T2_f, KK_f, beta_s, KK_f, red0b, F_s, dbr_s, dAs_s, C, dtype)
-                            T.fence_proxy_async()
-                            T.named_barrier_arrive(BAR_HANDOFF, 256)  # dAs to the dk warpgroup
-                        else:
-                            # dk = diag(r) V' dS^T + dU S0^T + dP^T Q + dAs K, with the r-terms of dgam
-                            T.gemm(Vp_s, dS_s, acc1, transpose_B=True, clear_accum=True)
-                            for i, j in T.Parallel(C, K):
-                                dk_f[i, j] = T.exp(gam_last - gam_s[i]) * acc1[i, j]
-                            kt1_terms(K_s, acc1, gam_s, gam_last, acc1, red1, kt1_s, C, K)  # in place over acc1
-                            T.gemm(dv_s, S0_s, dk_f, transpose_B=True)
-                            T.gemm(dP_s, Q_s, dk_f, transpose_A=True)
-                            sv_rows(S0_s, dS_s, acc1, red1s, sv_s, C, V)  # sum(S0 .* dS), for the dgam0 tail
-                            T.sync_threads(BAR_HANDOFF, 256)
-                            T.gemm(dAs_s, K_s, dk_f)
-                            store_rows(dk_f, dk_out, t0, end, hk)
-                        T.sync_threads()
-                        # dgam0 = e-term - r-terms; the last real row L gets exp(gam_last) sum(S0 .* dS) +
-                        # sum_{i < L} r-terms (its own r-term cancels exactly and is never formed)
-                        dgam0_from_sv(sv_s, kt1_s, dgu_s, gam_last, acc_cc, redl, dgam_s, t0, end, C)
-                    else:
-                        # dq += scale diag(e) dO S0^T + dP K, with rowdot(Q, dq0) for dgam
-                        T.gemm(dO_s, S0_s, acc_a, transpose_B=True, clear_accum=True)
+                    T.sync_threads()
+                    if tx < 128:
+                        # dq = dq0 + dP K with dq0 = scale diag(e) dO S0^T; rowdot(Q, dq0) for dgam
+                        T.gemm(dO_s, S0_s, acc0, transpose_B=True, clear_accum=True)
                         for i, j in T.Parallel(C, K):
-                            acc_a[i, j] = scale * T.exp(gam_s[i]) * acc_a[i, j]
-                            prod_f[i, j] = Q_s[i, j] * acc_a[i, j]
-                            dq_f[i, j] = dq_f[i, j] + acc_a[i, j]
-                        T.reduce_sum(prod_f, red_f, dim=1)
+                            acc0[i, j] = scale * T.exp(gam_s[i]) * acc0[i, j]
+                            dq_f[i, j] = acc0[i, j]
+                        for i, j in T.Parallel(C, K):
+                            acc0[i, j] = Q_s[i, j] * acc0[i, j]
+                        T.reduce_sum(acc0, red0q, dim=1)
                         for i in T.Parallel(C):
-                            dgq_s[i] = red_f[i]
+                            dgq_s[i] = red0q[i]
                         T.gemm(dP_s, K_s, dq_f)
-
-                        # dk0 = diag(r) V' dS^T + dU S0^T and the r-terms of dgam; dgam0 into dgam_s
-                        T.gemm(Vp_s, dS_s, acc_b, transpose_B=True, clear_accum=True)
-                        kt1_terms(K_s, acc_b, gam_s, gam_last, prod_f, red_f, kt1_s, C, K)
-                        for i, j in T.Parallel(C, K):
-                            acc_b[i, j] = acc_b[i, j] * T.exp(gam_last - gam_s[i])
-                        T.gemm(dv_s, S0_s, acc_b, transpose_B=True)
-                        for i, j in T.Parallel(C, K):
-                            dk_f[i, j] = dk_f[i, j] + acc_b[i, j]
-                        dgam0_rows(S0_s, dS_s, kt1_s, dgu_s, gam_last, prod_f, red_f, tmp_f, sv_s, dgam_s, t0, end,
-                                   C, K, V)
-
+                        store_rows(dq_f, dq_out, t0, end, hk)
                         # WY inverse: dL = -strict_lower(A^T dA A^T), dbeta's row term, dAs = dM + dM^T
                         T.gemm(A_s, Ag_s, T1_f, transpose_A=True, clear_accum=True)
                         T.copy(T1_f, T1_s)
                         T.gemm(T1_s, A_s, T2_f, transpose_B=True, clear_accum=True)
-                        T.gemm(K_s, K_s, P_f, transpose_B=True, clear_accum=True)
-                        wy_inverse_grad(T2_f, P_f, beta_s, tmp_f, red_f, F_s, dbr_s, dAs_s, C, dtype)
-
-                        # dk += dP^T Q + dAs K
+                        T.gemm(K_s, K_s, KK_f, transpose_B=True, clear_accum=True)
+                        wy_inverse_grad(T2_f, KK_f, beta_s, KK_f, red0b, F_s, dbr_s, dAs_s, C, dtype)
+                        T.fence_proxy_async()
+                        T.named_barrier_arrive(BAR_HANDOFF, 256)  # dAs to the dk warpgroup
+                    else:
+                        # dk = diag(r) V' dS^T + dU S0^T + dP^T Q + dAs K, with the r-terms of dgam
+                        T.gemm(Vp_s, dS_s, acc1, transpose_B=True, clear_accum=True)
+                        for i, j in T.Parallel(C, K):
+                            dk_f[i, j] = T.exp(gam_last - gam_s[i]) * acc1[i, j]
+                        kt1_terms(K_s, acc1, gam_s, gam_last, acc1, red1, kt1_s, C, K)  # in place over acc1
+                        T.gemm(dv_s, S0_s, dk_f, transpose_B=True)
                         T.gemm(dP_s, Q_s, dk_f, transpose_A=True)
+                        sv_rows(S0_s, dS_s, acc1, red1s, sv_s, C, V)  # sum(S0 .* dS), for the dgam0 tail
+                        T.sync_threads(BAR_HANDOFF, 256)
                         T.gemm(dAs_s, K_s, dk_f)
-
+                        store_rows(dk_f, dk_out, t0, end, hk)
+                    T.sync_threads()
+                    # dgam0 = e-term - r-terms; the last real row L gets exp(gam_last) sum(S0 .* dS) +
+                    # sum_{i < L} r-terms (its own r-term cancels exactly and is never formed)
+                    dgam0_from_sv(sv_s, kt1_s, dgu_s, gam_last, acc_cc, redl, dgam_s, t0, end, C)
                     # dg = reverse in-chunk cumsum of dgam; dbeta
                     store_dg_dbeta(dgam_s, dgq_s, dgm_s, dbc_s, dbr_s, P_f, redg, dg_out, dbeta_out, t0, end, hv, C)
                     T.sync_threads()
 
-                if not branches:
-                    for i, j in T.Parallel(C, K):
-                        if t0 + i < end:
-                            dq_out[t0 + i, hk, j] = T.cast(dq_f[i, j], dtype)
-                            dk_out[t0 + i, hk, j] = T.cast(dk_f[i, j], dtype)
-
-    # the loop over the group's v-heads keeps every buffer live across iterations for the default
-    # merge (242 KB, over the 227 KB limit); the liveness-based aggressive merge reuses them (193 KB)
+    # the default merge keeps every buffer live through the loop (242 KB, over the 227 KB limit); the
+    # liveness-based aggressive merge reuses them (193 KB)
     return compile_for(bwd_chunk, arch, {tilelang.PassConfigKey.TL_ENABLE_AGGRESSIVE_SHARED_MEMORY_MERGE: True})
