@@ -16,8 +16,7 @@ memset of the tail rows). The math of each kernel, step for step, is in ``emulat
                                          on sm100 ``blackwell/bwd_dh_pipelined.py``; both read Pg, Ag
                                          and the factors: no exp or mask in the serial loop
     bwd_chunk    grid (NCmax, H_qk)      sm90, per chunk, full V: dq, dk summed over the GQA group, dbeta,
-                                         dg (raw gate) with every intermediate on chip (``hopper/bwd_chunk.py``;
-                                         under GQA ``hopper/bwd_chunk_gqa.py``)
+                                         dg (raw gate) with every intermediate on chip (``hopper/bwd_chunk.py``)
       sm100:     bwd_state (dAg, dPg, dq0, dk0, dgam0 in fp32 HBM) then bwd_intra (the rest)
     dq, dk accumulate in fp32 and are stored in q's dtype when H_v == H_qk (the final gradients, no
     host pass), in fp32 for GQA (summed over each group on the host); see `chunk_grads`.

@@ -107,17 +107,3 @@ def sv_rows(S0_s, dS_s, prod_f, red_f, sv_s, C: int, V: int):
     T.reduce_sum(prod_f, red_f, dim=1)
     for i in T.Parallel(C):
         sv_s[i] = red_f[i]
-
-
-@T.macro
-def dgam0_from_sv(sv_s, kt1_s, dgu_s, gam_last: T.Ref, tmp_f, red_f, dgam_s, t0, end, C: int):
-    """store_dgam0's rows into the shared vector ``dgam_s`` (C,) from sv_s (``sv_rows``; hopper/bwd_chunk.py
-    keeps dgam0 on chip): one C x C
-    reduction whose every row is exp(gam_last) sum(sv) + sum_{i < L} kt1_i (the last real row's term),
-    zero past the chunk's end."""
-    for i, j in T.Parallel(C, C):
-        tmp_f[i, j] = T.exp(gam_last) * sv_s[j] + T.if_then_else(t0 + j < end - 1, kt1_s[j], 0.0)
-    T.reduce_sum(tmp_f, red_f, dim=1)
-    for i in T.Parallel(C):
-        dgam_s[i] = T.if_then_else(t0 + i < end, dgu_s[i] + T.if_then_else(t0 + i == end - 1, red_f[i], -kt1_s[i]),
-                                   0.0)

@@ -24,64 +24,154 @@ dq and dk of a qk-head are the sums of the above over its GQA group of v-heads.
 This is bwd_state followed by bwd_intra (their math is ``emulate_bwd._emu_state`` then
 ``_emu_intra``; sm100 still runs them as two kernels, blackwell/bwd_state.py and bwd_intra.py) with
 the intermediates dAg, dPg, dq0, dk0, dgam0 kept in registers and shared memory instead of an fp32
-write and re-read through HBM. This file is the one-v-head-per-block form (H_v == H_qk); under GQA
-``bwd_chunk_kernel`` returns bwd_chunk_gqa.py's kernel, which sums dq, dk over the group in registers
-(the v-head loop inside each warpgroup's branch) and stores them once in the inputs' dtype.
+write and re-read through HBM, and dq, dk summed over the GQA group in registers and stored once in
+the inputs' dtype (no per-v-head fp32 buffers, no host reduction or cast).
+The dq and dk work runs on separate warpgroups with the group's v-head loop inside each warpgroup's
+branch: with the loop outside the branches ptxas keeps both group sums live in every thread (it cannot
+see that a thread only ever takes one branch; session 11 measured 255 registers and a slower kernel),
+here warpgroup 0 carries only dq's sum and warpgroup 1 only dk's.
 The mask term rowsum(X) - colsum(X) is a cancellation under strong decay, so X stays fp32 and is
 differenced element by element (X_ij - X_ji) before the row sum; column sums are row sums of the
-transposed shared tile (every reduction is along the last dimension); sum(dS .* S0) and the last
-row's term are tree reductions (common/bwd_state.sv_rows, dgam0_from_sv).
+transposed shared tile (every reduction is along the last dimension); sum(dS .* S0) is a tree
+reduction (common/bwd_state.sv_rows).
 
-Grid: (NCmax chunks, H_qk = H_v); blocks of the chunk table's unused rows (start == end) do nothing.
-Threads: 256, two warpgroups. Both warpgroups first run the shared part (every GEMM has
-M = 64 and the warp policy splits N): K S0 (64x128x128), Ag W (64x128x64), dV' W^T, dO V'^T, Q K^T
-(64x64x128), with the e-term, Y, dA, dbeta's column term, X, dP and dgam's mask term.
-Then the two branches run on separate warpgroups, each GEMM
-at full N on one warpgroup (named barriers only; TileLang's automatic syncs become 128-thread ones):
-  * warpgroup 0 (dq): dO S0^T (64x128x128) -> dq0, rowdot(Q, dq0); dq = dq0 + dP K (64x128x64),
-    stored; the WY-inverse terms: A^T dA, T1 A^T (64x64x64), K K^T (64x64x128) -> dbeta's row term
-    and dAs; then it arrives at the hand-off barrier (BAR_HANDOFF).
-  * warpgroup 1 (dk): V' dS^T (64x128x128) -> dk = r .* (V' dS^T) and the r-terms; dk += dU S0^T
-    (64x128x128) + dP^T Q (64x128x64); sum(S0 .* dS) as row pairs; waits for dAs; dk += dAs K, stored.
-  * both: dgam0 (the last real row's sums as one C x C reduction) and the dg / dbeta stores.
-  H200, bwd_chunk alone, us (results/h200/2026-12-01_s11/bwd-chunk-branches-ab.log): hk16_hv16
-  1x32768 1352 vs 1571 for the lockstep tail, 8192x4 1353 vs 1539, hk8_hv8 1x32768 687 vs 763.
-Under GQA these branches with the v-head loop around them measured slower than the lockstep tail (ptxas
-keeps both group sums live in every thread: hk16_hv64 1x32768 5450 vs 4953 us, bwd-chunk-v2-ab.log);
-bwd_chunk_gqa.py moves the loop inside the branches instead (session 12: 4487 vs 4979).
-Shared memory (bf16 unless said): Q, K, V (then W), dO, dV', dv (then dU), V' 7 x 16 KB; S0, dS
-2 x 32 KB; A, Ag (then dA), dP, T1, dAs 5 x 8 KB; F (fp32 C x C: Y, then X, then dM) 16 KB; C / K
-vectors fp32 ~3 KB: 242 KB if every buffer lived through the kernel; compiled with TileLang's
-liveness-based aggressive merge, which overlaps the dead ones: 193 KB of the 227 KB (one block per
-SM). The merge orders the two branches as written (dq's, then dk's), so a buffer only the dk branch
-writes could land on one the concurrent dq branch uses: the dk branch's own outputs (kt1, sv) are
-written before the branches to pin their lifetimes, and tests/kernels/test_bwd_chunk_compile.py reads
-the compiled offsets to check it. Registers (ptxas, sm_90a): 173, no spills.
-scale is a runtime argument (one compiled kernel serves every scale).
+Grid: (NCmax chunks, H_qk); blocks of the chunk table's unused rows do nothing. Threads: 256.
+Before the loops, all threads load the chunk's Q and K rows (the qk-head's, shared by the group).
+Per v-head, each warpgroup w runs (named barriers at 256 threads between the steps, ids BAR_*):
+  * loads: its half of the rows of V, dO, dV', dv, A, gam, beta, and of the states S0, dS;
+  * Ag rows of its half; U = K S0 on its half of the V columns (64x64x128), dgam's e-term partial,
+    W = V - diag(e) U and dU = -diag(e) dv on those columns; then V' = Ag W on them (64x64x64);
+  * the C x C products on its half of the columns: dAb = dV' W^T, dPg = dO V'^T (64x32x128), P = Q K^T
+    (64x32x128); Y = dAb .* A, dbeta's column term colsum(Y) of its columns, then X, dA = dAb .* beta_col,
+    dP = scale Gam .* dPg;
+  * warpgroup 0 (dq): dgam's mask term rowsum(X) - colsum(X); dq += scale diag(e) dO S0^T (64x128x128)
+    and rowdot(Q, dq0); dq += dP K (64x128x64); the WY-inverse terms A^T dA, T1 A^T (64x64x64), K K^T
+    (64x64x128) -> dbeta's row term and dAs; then it arrives at the hand-off barrier;
+  * warpgroup 1 (dk): dk += r .* (V' dS^T) (64x128x128) and the r-terms; dk += dU S0^T (64x128x128) +
+    dP^T Q (64x128x64); sum(S0 .* dS) as row pairs; waits for dAs; dk += dAs K (64x128x64); the dgam0
+    tail and the dg / dbeta stores (row sums by thread pairs and a shuffle, no shared workspace).
+  After the loops each warpgroup stores its sum once in the inputs' dtype.
+Shared memory (bf16 unless said): Q, K, V (then W; after the C x C products T1 in its first 64 columns
+and dAs in its last 64), dO, dV', dv (then dU), V' 7 x 16 KB; S0, dS 2 x 32 KB; A, Ag (then dA), dP
+3 x 8 KB; F (fp32 C x C: Y, then X, then dM) 16 KB; 11 fp32 C-vectors: 219 KB. Every buffer keeps its
+own bytes (TileLang's default merge; no liveness-based overlap between the concurrent branches,
+tests/kernels/test_bwd_chunk_compile.py checks the compiled offsets). Registers (ptxas, sm_90a): 255,
+no spills.
+H200, bwd_chunk alone, us: under GQA against the lockstep tail it replaced (both warpgroups on every
+GEMM, the group sums in the registers of both; results/h200/2026-12-01_s12/bwd-gqa-ab.log) hk16_hv64
+1x32768 4487 vs 4979, hk2_hv8 1x32768 (CP) 598 vs 656, hk16_hv32 1x16384 1265 vs 1352; with one v-head
+per block against session 11's branch kernel (the shared part on both warpgroups in lockstep, then the
+dq / dk branches; gqa-kernel-one-head-ab.log) hk16_hv16 1x32768 1345 vs 1355, 8192x4 1357 vs 1367,
+hk8_hv8 1x32768 687 vs 687 (session 11). Gradients' errors against float64 unchanged.
+scale is a runtime argument.
 """
 
 import functools
 
-import tilelang
 import tilelang.language as T
 
 from ..common.build import compile_for
-from ..common.bwd_intra import store_dg_dbeta, wy_inverse_grad
-from ..common.bwd_state import dgam0_from_sv, kt1_terms, load_chunk, sv_rows, w_and_du
-from .bwd_chunk_gqa import bwd_chunk_gqa_kernel
+from ..common.bwd_intra import wy_inverse_grad
+from ..common.bwd_state import kt1_terms, sv_rows
 
-BAR_HANDOFF = 8  # named barrier: the dq warpgroup's dAs to the dk warpgroup (0-4 are TileLang's)
+# named barriers (0-4 are TileLang's own)
+BAR_TOP = 5  # both warpgroups finished the previous v-head: its buffers may be overwritten
+BAR_LOADED = 6  # the v-head's rows and states are in shared memory
+BAR_W = 7  # Ag rows, W and dU columns of both halves
+BAR_VP = 8  # V' columns of both halves (and both warpgroups past V' = Ag W: Ag may become dA)
+BAR_MASKS = 9  # Y's column sums, X, dA, dP of both halves
+BAR_HANDOFF = 10  # warpgroup 0's dAs, dbeta row term, dgq, dgm to warpgroup 1
+BAR_LOCAL = (11, 12)  # a warpgroup's own 128-thread barrier
 
 
 @functools.cache
 def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, arch: str):
-    assert K == V == 2 * C, "prod_f serves C x V and C x K row dots; S0 .* dS is summed as two C-row blocks"
+    assert K == V == 2 * C, "the halves below split K, V and C rows / columns evenly"
     group = h_v // h_qk
-    if group > 1:  # GQA: the v-head loop inside each warpgroup's branch (bwd_chunk_gqa.py)
-        return bwd_chunk_gqa_kernel(h_qk, h_v, K, V, C, dtype, arch)
+    HV = V // 2  # a warpgroup's columns of a C x V product
+    HC = C // 2  # a warpgroup's columns of a C x C product, and its rows of the chunk loads
+    HK = K // 2  # a warpgroup's rows of the K x V states
     n_tok = T.dynamic("n_tok")
     n_chunks = T.dynamic("n_chunks")
     n_hc = T.dynamic("n_hc")
+
+    @T.macro
+    def load_half(w: int, v, do, dvp, dv, A, h, dh, g_cumsum, beta, V_s, dO_s, dVp_s, dv_s, A_s, S0_s, dS_s,
+                  gam_s, beta_s, c, t0, end, hv):
+        """Warpgroup w's half of the v-head's rows (zero past the chunk end) and state rows."""
+        for i, j in T.Parallel(HC, V):
+            V_s[w * HC + i, j] = T.if_then_else(t0 + w * HC + i < end, v[t0 + w * HC + i, hv, j], T.cast(0, dtype))
+            dO_s[w * HC + i, j] = T.if_then_else(t0 + w * HC + i < end, do[t0 + w * HC + i, hv, j],
+                                                 T.cast(0, dtype))
+            dVp_s[w * HC + i, j] = T.if_then_else(t0 + w * HC + i < end, dvp[t0 + w * HC + i, hv, j],
+                                                  T.cast(0, dtype))
+            dv_s[w * HC + i, j] = T.if_then_else(t0 + w * HC + i < end, dv[t0 + w * HC + i, hv, j], T.cast(0, dtype))
+        for i, j in T.Parallel(HC, C):
+            A_s[w * HC + i, j] = T.if_then_else(t0 + w * HC + i < end, A[t0 + w * HC + i, hv, j], T.cast(0, dtype))
+        for i, j in T.Parallel(HK, V):
+            S0_s[w * HK + i, j] = h[c, hv, w * HK + i, j]
+            dS_s[w * HK + i, j] = dh[c, hv, w * HK + i, j]
+        for i in T.Parallel(HC):
+            gam_s[w * HC + i] = g_cumsum[T.min(t0 + w * HC + i, end - 1), hv]
+            beta_s[w * HC + i] = T.if_then_else(t0 + w * HC + i < end, beta[t0 + w * HC + i, hv], 0.0)
+
+    @T.macro
+    def shared_part(w: int, lt, v, do, dvp, dv, A, h, dh, g_cumsum, beta, Q_s, K_s, V_s, dO_s, dVp_s, dv_s, Vp_s,
+                    A_s, Ag_s, S0_s, dS_s, dP_s, F_s, gam_s, beta_s, dgu_s, dbc_s, U_f, prod_f, red_f, cc_f, dpg_f,
+                    p_f, x_f, gam_last: T.Ref, colsum: T.Ref, c, t0, end, hv, scale):
+        """Warpgroup w's half of everything both branches need (the header's first three steps)."""
+        T.sync_threads(BAR_TOP, 256)
+        load_half(w, v, do, dvp, dv, A, h, dh, g_cumsum, beta, V_s, dO_s, dVp_s, dv_s, A_s, S0_s, dS_s, gam_s,
+                  beta_s, c, t0, end, hv)
+        T.fence_proxy_async()
+        T.sync_threads(BAR_LOADED, 256)
+        gam_last = gam_s[C - 1]  # noqa: F841 (a store into the caller's T.alloc_var)
+        for i, j in T.Parallel(HC, C):  # Ag = Gam .* A .* beta_col, this warpgroup's rows
+            Ag_s[w * HC + i, j] = T.cast(T.if_then_else(j <= w * HC + i, T.exp(gam_s[w * HC + i] - gam_s[j]), 0.0)
+                                         * A_s[w * HC + i, j] * beta_s[j], dtype)
+        # U = K S0 on this half of the columns: dgam's e-term partial, W and dU in place
+        T.gemm(K_s, S0_s[:, w * HV:(w + 1) * HV], U_f, clear_accum=True)
+        for i, j in T.Parallel(C, HV):
+            prod_f[i, j] = dv_s[i, w * HV + j] * U_f[i, j]
+        T.reduce_sum(prod_f, red_f, dim=1)
+        for i in T.Parallel(C):
+            dgu_s[w, i] = -T.exp(gam_s[i]) * red_f[i]
+        for i, j in T.Parallel(C, HV):
+            V_s[i, w * HV + j] = T.cast(V_s[i, w * HV + j] - T.exp(gam_s[i]) * U_f[i, j], dtype)
+            dv_s[i, w * HV + j] = T.cast(-T.exp(gam_s[i]) * dv_s[i, w * HV + j], dtype)
+        T.fence_proxy_async()
+        T.sync_threads(BAR_W, 256)
+        # V' = Ag W on this half of the columns
+        T.gemm(Ag_s, V_s[:, w * HV:(w + 1) * HV], U_f, clear_accum=True)
+        for i, j in T.Parallel(C, HV):
+            Vp_s[i, w * HV + j] = T.cast(U_f[i, j], dtype)
+        T.fence_proxy_async()
+        T.sync_threads(BAR_VP, 256)
+        # this half's columns of dAb = Gam .* dV' W^T, dPg = dO V'^T and P = Q K^T
+        T.gemm(dVp_s, V_s[w * HC:(w + 1) * HC, :], cc_f, transpose_B=True, clear_accum=True)
+        T.gemm(dO_s, Vp_s[w * HC:(w + 1) * HC, :], dpg_f, transpose_B=True, clear_accum=True)
+        T.gemm(Q_s, K_s[w * HC:(w + 1) * HC, :], p_f, transpose_B=True, clear_accum=True)
+        for i, j in T.Parallel(C, HC):
+            dec = T.if_then_else(w * HC + j <= i and t0 + i < end, T.exp(gam_s[i] - gam_s[w * HC + j]), 0.0)
+            F_s[i, w * HC + j] = dec * cc_f[i, j] * A_s[i, w * HC + j]  # Y
+            x_f[i, j] = (dec * cc_f[i, j] * A_s[i, w * HC + j] * beta_s[w * HC + j]
+                         + scale * dec * p_f[i, j] * dpg_f[i, j])  # X
+            Ag_s[i, w * HC + j] = T.cast(dec * cc_f[i, j] * beta_s[w * HC + j], dtype)  # dA
+            dP_s[i, w * HC + j] = T.cast(scale * dec * dpg_f[i, j], dtype)
+        # dbeta's column term colsum(Y) over this half's columns: 4 threads per column, 16 rows each
+        T.sync_threads(BAR_LOCAL[w], 128)
+        colsum = 0.0
+        for r in T.serial(C // 4):
+            colsum = colsum + F_s[(lt & 3) * (C // 4) + r, w * HC + (lt >> 2)]
+        colsum = colsum + T.shfl_xor(colsum, 1)
+        colsum = colsum + T.shfl_xor(colsum, 2)
+        if (lt & 3) == 0:
+            dbc_s[w * HC + (lt >> 2)] = colsum
+        T.sync_threads(BAR_LOCAL[w], 128)
+        for i, j in T.Parallel(C, HC):
+            F_s[i, w * HC + j] = x_f[i, j]
+        T.fence_proxy_async()
+        T.sync_threads(BAR_MASKS, 256)
 
     @T.macro
     def store_rows(acc, out, t0, end, hk):
@@ -112,22 +202,20 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
         with T.Kernel(n_chunks, h_qk, threads=256) as (c, hk):
             Q_s = T.alloc_shared((C, K), dtype)
             K_s = T.alloc_shared((C, K), dtype)
-            V_s = T.alloc_shared((C, V), dtype)  # V, then W = V - diag(e) U
+            V_s = T.alloc_shared((C, V), dtype)  # V, then W; then T1 (columns 0..C-1) and dAs (C..2C-1)
             dO_s = T.alloc_shared((C, V), dtype)
             dVp_s = T.alloc_shared((C, V), dtype)
-            dv_s = T.alloc_shared((C, V), dtype)  # dv, then dU = -diag(e) dv
+            dv_s = T.alloc_shared((C, V), dtype)  # dv, then dU
             Vp_s = T.alloc_shared((C, V), dtype)
             S0_s = T.alloc_shared((K, V), dtype)
             dS_s = T.alloc_shared((K, V), dtype)
             A_s = T.alloc_shared((C, C), dtype)
-            Ag_s = T.alloc_shared((C, C), dtype)  # Ag, then dA = dAb .* beta_col
+            Ag_s = T.alloc_shared((C, C), dtype)  # Ag, then dA
             dP_s = T.alloc_shared((C, C), dtype)
-            T1_s = T.alloc_shared((C, C), dtype)
-            dAs_s = T.alloc_shared((C, C), dtype)
             F_s = T.alloc_shared((C, C), "float32")  # Y, then X, then dM
             gam_s = T.alloc_shared((C,), "float32")
             beta_s = T.alloc_shared((C,), "float32")
-            dgu_s = T.alloc_shared((C,), "float32")
+            dgu_s = T.alloc_shared((2, C), "float32")  # the e-term's two column-half partials
             kt1_s = T.alloc_shared((C,), "float32")
             sv_s = T.alloc_shared((C,), "float32")
             dgam_s = T.alloc_shared((C,), "float32")
@@ -135,30 +223,40 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
             dgm_s = T.alloc_shared((C,), "float32")
             dbc_s = T.alloc_shared((C,), "float32")
             dbr_s = T.alloc_shared((C,), "float32")
-            # both warpgroups (every GEMM's N split between them)
-            acc_a = T.alloc_fragment((C, V), "float32")  # U, then V'
-            acc_cc = T.alloc_fragment((C, C), "float32")  # dAg, then dPg
-            P_f = T.alloc_fragment((C, C), "float32")  # Q K^T
-            prod_f = T.alloc_fragment((C, V), "float32")
-            red_f = T.alloc_fragment((C,), "float32")
-            redc = T.alloc_fragment((C,), "float32")
-            redm = T.alloc_fragment((C,), "float32")
-            redg = T.alloc_fragment((C,), "float32")
+            # warpgroup 0
+            U0 = T.alloc_fragment((C, HV), "float32")  # U, then V'
+            prod0 = T.alloc_fragment((C, HV), "float32")
+            red0 = T.alloc_fragment((C,), "float32")
+            cc0 = T.alloc_fragment((C, HC), "float32")
+            dpg0 = T.alloc_fragment((C, HC), "float32")
+            p0 = T.alloc_fragment((C, HC), "float32")
+            x0 = T.alloc_fragment((C, HC), "float32")
+            dq_f = T.alloc_fragment((C, K), "float32")  # dq summed over the group
+            acc0 = T.alloc_fragment((C, K), "float32")  # dq0
             T1_f = T.alloc_fragment((C, C), "float32")
             T2_f = T.alloc_fragment((C, C), "float32")
-            redl = T.alloc_fragment((C,), "float32")
-            # dq warpgroup
-            dq_f = T.alloc_fragment((C, K), "float32")
-            acc0 = T.alloc_fragment((C, K), "float32")  # dq0
-            KK_f = T.alloc_fragment((C, C), "float32")
+            KK_f = T.alloc_fragment((C, C), "float32")  # X - X^T, then K K^T
             red0q = T.alloc_fragment((C,), "float32")
+            red0m = T.alloc_fragment((C,), "float32")
             red0b = T.alloc_fragment((C,), "float32")
-            # dk warpgroup
-            dk_f = T.alloc_fragment((C, K), "float32")
-            acc1 = T.alloc_fragment((C, K), "float32")  # T1 = V' dS^T, then S0 .* dS row pairs
+            # warpgroup 1
+            U1 = T.alloc_fragment((C, HV), "float32")
+            prod1 = T.alloc_fragment((C, HV), "float32")
             red1 = T.alloc_fragment((C,), "float32")
+            cc1 = T.alloc_fragment((C, HC), "float32")
+            dpg1 = T.alloc_fragment((C, HC), "float32")
+            p1 = T.alloc_fragment((C, HC), "float32")
+            x1 = T.alloc_fragment((C, HC), "float32")
+            dk_f = T.alloc_fragment((C, K), "float32")  # dk summed over the group
+            acc1 = T.alloc_fragment((C, K), "float32")  # V' dS^T, then S0 .* dS row pairs
+            red1k = T.alloc_fragment((C,), "float32")
             red1s = T.alloc_fragment((C,), "float32")
-            gam_last = T.alloc_var("float32")
+            gam_last0 = T.alloc_var("float32")
+            gam_last1 = T.alloc_var("float32")
+            colsum0 = T.alloc_var("float32")
+            colsum1 = T.alloc_var("float32")
+            tail = T.alloc_var("float32")
+            rowsum = T.alloc_var("float32")
 
             tx = T.get_thread_binding()
             t0 = chunk_bounds[c, 0]
@@ -167,86 +265,86 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
             if t0 < end:
                 for i, d in T.Parallel(C, K):
                     Q_s[i, d] = T.if_then_else(t0 + i < end, q[t0 + i, hk, d], T.cast(0, dtype))
-                for g in T.serial(group):  # group == 1 here (the loop keeps TileLang's sync placement)
-                    hv = hk * group + g
-                    load_chunk(k, v, do, dvp, dv, A, h, dh, g_cumsum, beta, K_s, V_s, dO_s, dVp_s, dv_s, A_s, S0_s,
-                               dS_s, gam_s, beta_s, Ag_s, gam_last, c, t0, end, hk, hv, C, K, V, dtype)
-
-                    # U = K S0; dgam's e-term; W and dU in place; V' = Ag W
-                    T.gemm(K_s, S0_s, acc_a, clear_accum=True)
-                    w_and_du(acc_a, dv_s, V_s, gam_s, prod_f, red_f, dgu_s, C, V, dtype)
-                    T.gemm(Ag_s, V_s, acc_a, clear_accum=True)
-                    T.copy(acc_a, Vp_s)
-
-                    # dAb = Gam .* dV' W^T: Y = dAb .* A into F, dA = dAb .* beta_col over Ag (dead)
-                    T.gemm(dVp_s, V_s, acc_cc, transpose_B=True, clear_accum=True)
-                    for i, j in T.Parallel(C, C):
-                        dab = T.if_then_else(j <= i and t0 + i < end, T.exp(gam_s[i] - gam_s[j]) * acc_cc[i, j], 0.0)
-                        F_s[i, j] = dab * A_s[i, j]
-                        Ag_s[i, j] = T.cast(dab * beta_s[j], dtype)
-                    for i, j in T.Parallel(C, C):  # dbeta's column term colsum(Y) (P_f: free until Q K^T)
-                        P_f[i, j] = F_s[j, i]
-                    T.reduce_sum(P_f, redc, dim=1)
-                    for i in T.Parallel(C):
-                        dbc_s[i] = redc[i]
-
-                    # dPg = dO V'^T, P = Q K^T: X = Y .* beta_col + scale Gam .* P .* dPg, dP = scale Gam .* dPg
-                    T.gemm(dO_s, Vp_s, acc_cc, transpose_B=True, clear_accum=True)
-                    T.gemm(Q_s, K_s, P_f, transpose_B=True, clear_accum=True)
-                    for i, j in T.Parallel(C, C):
-                        sdec = T.if_then_else(j <= i and t0 + i < end, scale * T.exp(gam_s[i] - gam_s[j]), 0.0)
-                        F_s[i, j] = F_s[i, j] * beta_s[j] + sdec * P_f[i, j] * acc_cc[i, j]
-                        dP_s[i, j] = T.cast(sdec * acc_cc[i, j], dtype)
-                    for i, j in T.Parallel(C, C):  # dgam's mask term rowsum(X) - colsum(X) (P_f is dead)
-                        P_f[i, j] = F_s[i, j] - F_s[j, i]
-                    T.reduce_sum(P_f, redm, dim=1)
-                    for i in T.Parallel(C):
-                        dgm_s[i] = redm[i]
-                        kt1_s[i] = 0.0  # written by the dk warpgroup: touched before the branches, so never
-                        sv_s[i] = 0.0  # merged over a buffer of the concurrent dq warpgroup
-
-                    T.sync_threads()
-                    if tx < 128:
-                        # dq = dq0 + dP K with dq0 = scale diag(e) dO S0^T; rowdot(Q, dq0) for dgam
+                    K_s[i, d] = T.if_then_else(t0 + i < end, k[t0 + i, hk, d], T.cast(0, dtype))
+                T.fence_proxy_async()
+                T.sync_threads()
+                if tx < 128:
+                    T.clear(dq_f)
+                    for g in T.serial(group):
+                        hv = hk * group + g
+                        shared_part(0, tx, v, do, dvp, dv, A, h, dh, g_cumsum, beta, Q_s, K_s, V_s, dO_s, dVp_s,
+                                    dv_s, Vp_s, A_s, Ag_s, S0_s, dS_s, dP_s, F_s, gam_s, beta_s, dgu_s, dbc_s, U0,
+                                    prod0, red0, cc0, dpg0, p0, x0, gam_last0, colsum0, c, t0, end, hv, scale)
+                        # dgam's mask term rowsum(X) - colsum(X)
+                        for i, j in T.Parallel(C, C):
+                            KK_f[i, j] = F_s[i, j] - F_s[j, i]
+                        T.reduce_sum(KK_f, red0m, dim=1)
+                        for i in T.Parallel(C):
+                            dgm_s[i] = red0m[i]
+                        # dq += dq0 + dP K with dq0 = scale diag(e) dO S0^T; rowdot(Q, dq0) for dgam
                         T.gemm(dO_s, S0_s, acc0, transpose_B=True, clear_accum=True)
                         for i, j in T.Parallel(C, K):
                             acc0[i, j] = scale * T.exp(gam_s[i]) * acc0[i, j]
-                            dq_f[i, j] = acc0[i, j]
+                            dq_f[i, j] = dq_f[i, j] + acc0[i, j]
                         for i, j in T.Parallel(C, K):
                             acc0[i, j] = Q_s[i, j] * acc0[i, j]
                         T.reduce_sum(acc0, red0q, dim=1)
                         for i in T.Parallel(C):
                             dgq_s[i] = red0q[i]
                         T.gemm(dP_s, K_s, dq_f)
-                        store_rows(dq_f, dq_out, t0, end, hk)
-                        # WY inverse: dL = -strict_lower(A^T dA A^T), dbeta's row term, dAs = dM + dM^T
+                        # WY inverse: T1 = A^T dA into W's first columns (W is dead), dL = -strict_lower(T1 A^T),
+                        # dbeta's row term, dAs = dM + dM^T into W's last columns
                         T.gemm(A_s, Ag_s, T1_f, transpose_A=True, clear_accum=True)
-                        T.copy(T1_f, T1_s)
-                        T.gemm(T1_s, A_s, T2_f, transpose_B=True, clear_accum=True)
+                        for i, j in T.Parallel(C, C):
+                            V_s[i, j] = T.cast(T1_f[i, j], dtype)
+                        T.gemm(V_s[:, 0:C], A_s, T2_f, transpose_B=True, clear_accum=True)
                         T.gemm(K_s, K_s, KK_f, transpose_B=True, clear_accum=True)
-                        wy_inverse_grad(T2_f, KK_f, beta_s, KK_f, red0b, F_s, dbr_s, dAs_s, C, dtype)
+                        wy_inverse_grad(T2_f, KK_f, beta_s, KK_f, red0b, F_s, dbr_s, V_s, C, dtype, C)
                         T.fence_proxy_async()
-                        T.named_barrier_arrive(BAR_HANDOFF, 256)  # dAs to the dk warpgroup
-                    else:
-                        # dk = diag(r) V' dS^T + dU S0^T + dP^T Q + dAs K, with the r-terms of dgam
+                        T.named_barrier_arrive(BAR_HANDOFF, 256)
+                    store_rows(dq_f, dq_out, t0, end, hk)
+                else:
+                    T.clear(dk_f)
+                    for g in T.serial(group):
+                        hv = hk * group + g
+                        shared_part(1, tx - 128, v, do, dvp, dv, A, h, dh, g_cumsum, beta, Q_s, K_s, V_s, dO_s,
+                                    dVp_s, dv_s, Vp_s, A_s, Ag_s, S0_s, dS_s, dP_s, F_s, gam_s, beta_s, dgu_s, dbc_s,
+                                    U1, prod1, red1, cc1, dpg1, p1, x1, gam_last1, colsum1, c, t0, end, hv, scale)
+                        # dk += r .* (V' dS^T) + dU S0^T + dP^T Q, with the r-terms of dgam
                         T.gemm(Vp_s, dS_s, acc1, transpose_B=True, clear_accum=True)
                         for i, j in T.Parallel(C, K):
-                            dk_f[i, j] = T.exp(gam_last - gam_s[i]) * acc1[i, j]
-                        kt1_terms(K_s, acc1, gam_s, gam_last, acc1, red1, kt1_s, C, K)  # in place over acc1
+                            dk_f[i, j] = dk_f[i, j] + T.exp(gam_last1 - gam_s[i]) * acc1[i, j]
+                        kt1_terms(K_s, acc1, gam_s, gam_last1, acc1, red1k, kt1_s, C, K)  # in place over acc1
                         T.gemm(dv_s, S0_s, dk_f, transpose_B=True)
                         T.gemm(dP_s, Q_s, dk_f, transpose_A=True)
-                        sv_rows(S0_s, dS_s, acc1, red1s, sv_s, C, V)  # sum(S0 .* dS), for the dgam0 tail
+                        sv_rows(S0_s, dS_s, acc1, red1s, sv_s, C, V)  # sum(S0 .* dS) for the dgam0 tail
                         T.sync_threads(BAR_HANDOFF, 256)
-                        T.gemm(dAs_s, K_s, dk_f)
-                        store_rows(dk_f, dk_out, t0, end, hk)
-                    T.sync_threads()
-                    # dgam0 = e-term - r-terms; the last real row L gets exp(gam_last) sum(S0 .* dS) +
-                    # sum_{i < L} r-terms (its own r-term cancels exactly and is never formed)
-                    dgam0_from_sv(sv_s, kt1_s, dgu_s, gam_last, acc_cc, redl, dgam_s, t0, end, C)
-                    # dg = reverse in-chunk cumsum of dgam; dbeta
-                    store_dg_dbeta(dgam_s, dgq_s, dgm_s, dbc_s, dbr_s, P_f, redg, dg_out, dbeta_out, t0, end, hv, C)
-                    T.sync_threads()
+                        T.gemm(V_s[:, C:2 * C], K_s, dk_f)  # dAs K
+                        # dgam0 = e-term - r-terms; the last real row L gets exp(gam_last) sum(S0 .* dS) +
+                        # sum_{i < L} r-terms; then dgam = dgam0 + rowdot(Q, dq0) + mask term. Thread pair
+                        # (2 i, 2 i + 1) owns row i, each summing one half of the C terms.
+                        tail = 0.0
+                        for jj in T.serial(HC):
+                            tail = tail + (T.exp(gam_last1) * sv_s[((tx - 128) & 1) * HC + jj]
+                                           + T.if_then_else(t0 + ((tx - 128) & 1) * HC + jj < end - 1,
+                                                            kt1_s[((tx - 128) & 1) * HC + jj], 0.0))
+                        tail = tail + T.shfl_xor(tail, 1)
+                        if ((tx - 128) & 1) == 0:
+                            dgam_s[(tx - 128) >> 1] = T.if_then_else(
+                                t0 + ((tx - 128) >> 1) < end,
+                                dgu_s[0, (tx - 128) >> 1] + dgu_s[1, (tx - 128) >> 1]
+                                + T.if_then_else(t0 + ((tx - 128) >> 1) == end - 1, tail, -kt1_s[(tx - 128) >> 1])
+                                + dgq_s[(tx - 128) >> 1] + dgm_s[(tx - 128) >> 1], 0.0)
+                        T.sync_threads(BAR_LOCAL[1], 128)
+                        # dg = reverse in-chunk cumsum of dgam; dbeta = column term + row term
+                        rowsum = 0.0
+                        for jj in T.serial(HC):
+                            rowsum = rowsum + T.if_then_else(((tx - 128) & 1) * HC + jj >= ((tx - 128) >> 1),
+                                                             dgam_s[((tx - 128) & 1) * HC + jj], 0.0)
+                        rowsum = rowsum + T.shfl_xor(rowsum, 1)
+                        if ((tx - 128) & 1) == 0 and t0 + ((tx - 128) >> 1) < end:
+                            dg_out[t0 + ((tx - 128) >> 1), hv] = rowsum
+                            dbeta_out[t0 + ((tx - 128) >> 1), hv] = dbc_s[(tx - 128) >> 1] + dbr_s[(tx - 128) >> 1]
+                    store_rows(dk_f, dk_out, t0, end, hk)
 
-    # the default merge keeps every buffer live through the loop (242 KB, over the 227 KB limit); the
-    # liveness-based aggressive merge reuses them (193 KB)
-    return compile_for(bwd_chunk, arch, {tilelang.PassConfigKey.TL_ENABLE_AGGRESSIVE_SHARED_MEMORY_MERGE: True})
+    return compile_for(bwd_chunk, arch)
