@@ -31,9 +31,9 @@ branch: with the loop outside the branches ptxas keeps both group sums live in e
 see that a thread only ever takes one branch; session 11 measured 255 registers and a slower kernel),
 here warpgroup 0 carries only dq's sum and warpgroup 1 only dk's.
 The mask term rowsum(X) - colsum(X) is a cancellation under strong decay, so X stays fp32 and is
-differenced element by element (X_ij - X_ji) before the row sum; column sums are row sums of the
-transposed shared tile (every reduction is along the last dimension); sum(dS .* S0) is a tree
-reduction (common/bwd_state.sv_rows).
+differenced element by element (X_ij - X_ji) before the row sum (in a GEMM accumulator's layout, so a
+row stays within a quad of lanes); dbeta's column term colsum(Y) takes 4 threads per column and two
+shuffles; sum(dS .* S0) is a tree reduction (common/bwd_state.sv_rows).
 
 Grid: (NCmax chunks, H_qk); blocks of the chunk table's unused rows do nothing. Threads: 256.
 Before the loops, all threads load the chunk's Q and K rows (the qk-head's, shared by the group).
