@@ -124,12 +124,12 @@ class CPPlan:
             (chunks counted back from the piece end; g_cumsum there is that chunk's total
             log-decay), valid for r < n_chunks_j (else 0 and False). forward_cp's warm-up
             truncation reads them.
-        slot_src32: slot_src as int32 (what cp_correct reads).
         pass1_rev_last32 `[p_hi - p_lo, Lr]` int32 (pass1_rev_last with -1 where not valid) and
             pass1_piece32 `[p_hi - p_lo, 2]` int32 (n_chunks, needed): the same, as common/cp_tables.py
             reads them.
-        slot_src `[n_slots - 1, n_long]` int64: for chain step s and long sequence l, the local-pass
-            row of that sequence's piece s, or p_hi - p_lo (a zero row) past its second-to-last piece,
+        slot_src `[n_slots - 1, n_long]` int32 (what cp_correct reads): for chain step s and long
+            sequence l, the local-pass row of that sequence's piece s, or p_hi - p_lo (a zero row) past
+            its second-to-last piece,
         slot_seq `[n_long]` int64: sequence of long sequence l,
         h0_src `[P]` int64: row of each piece's initial state in cat(slots `[n_slots * n_long]`,
             per-sequence initial states `[N]`).
@@ -200,7 +200,6 @@ class CPPlan:
     pass1_rev_valid: torch.Tensor | None = None
     pass1_rev_last32: torch.Tensor | None = None
     pass1_piece32: torch.Tensor | None = None
-    slot_src32: torch.Tensor | None = None
 
     @property
     def n_pieces(self) -> int:
@@ -293,8 +292,7 @@ def build_plan(cu: list[int], piece_chunks: int | None, chunk_size: int, device)
         zero_row = hi - lo
         src = [[first[n] + s - lo if s < counts[n] - 1 else zero_row for n in long_seqs]
                for s in range(n_slots - 1)]
-        slot_src = up(src, i64).reshape(n_slots - 1, len(long_seqs))
-        warm["slot_src32"] = up(src, i32).reshape(n_slots - 1, len(long_seqs))
+        slot_src = up(src, i32).reshape(n_slots - 1, len(long_seqs))
         slot_seq = up(list(long_seqs), i64)
         for l_idx, n in enumerate(long_seqs):
             for s in range(counts[n]):

@@ -374,7 +374,7 @@ def piece_initial_states(p, plan, state_v_first, q2, k2, v2, g_cumsum, Ag, Pm, u
         nl = len(plan.long_seqs)
         slots = torch.empty((plan.n_slots, nl) + state, dtype=sdt, device=dev)
         init = user_h0[plan.slot_seq]
-        src = plan.slot_src32
+        src = plan.slot_src
         if state_v_first:
             kv_slots = torch.empty((plan.n_slots, nl, H, K, state[1]), dtype=sdt, device=dev)
             kernels.correct(init.transpose(-1, -2).contiguous(), S_loc.transpose(-1, -2).contiguous(),
