@@ -28,7 +28,7 @@ import functools
 
 import tilelang.language as T
 
-from ..common.bwd_prepare import load_chunk, store_masks
+from ..common.bwd_prepare import load_chunk, store_masks, swizzle_tiles
 from ..hopper.bwd_common import compile_bwd
 
 
@@ -62,6 +62,8 @@ def bwd_prepare_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: st
             P_t = T.alloc_tmem((C, C), "float32")
             done = T.alloc_barrier(1)
             P_f = T.alloc_fragment((C, C), "float32")
+            Ag_f = T.alloc_fragment((C, C), "float32")
+            swizzle_tiles(A_s, Pg_s, Ag_s)
 
             t0 = chunk_bounds[c, 0]
             end = chunk_bounds[c, 1]
@@ -76,6 +78,6 @@ def bwd_prepare_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: st
                 T.mbarrier_wait_parity(done[0], 0)
                 T.tcgen05_after_thread_sync()
                 T.copy(P_t, P_f)
-                store_masks(P_f, A_s, gam_s, beta_s, Pg_s, Ag_s, Pg_out, Ag_out, fac_out, scale, c, t0, end, hv, C, dtype)
+                store_masks(P_f, Ag_f, A_s, gam_s, beta_s, Pg_s, Ag_s, Pg_out, Ag_out, fac_out, scale, c, t0, end, hv, C, dtype)
 
     return compile_bwd(bwd_prepare, arch)

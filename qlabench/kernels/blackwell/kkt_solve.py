@@ -38,7 +38,7 @@ import functools
 import tilelang.language as T
 
 from ..common.build import compile_for
-from ..common.kkt_solve import build_l, load_chunk, store_a_ag, store_pm
+from ..common.kkt_solve import build_l, load_chunk, store_a_ag, store_pm, swizzle_stage_tiles
 from ..common.tri_inverse import invert_diag_blocks, merge_32_to_64, merge_pairs
 
 
@@ -83,6 +83,7 @@ def kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str,
             done = T.alloc_barrier([1, 1])  # K K^T, Q K^T complete
             x_col = T.alloc_local((DIAG,), "float32")  # invert_diag_blocks' column of X
             tx = T.get_thread_binding()
+            swizzle_stage_tiles(Pm_s, A_s, Ag_s)
             start = chunk_bounds[c, 0]
             end = chunk_bounds[c, 1]
             hk = h // group
@@ -106,6 +107,6 @@ def kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str,
                 merge_pairs(L_s, X_s, M_s, tx, C, DIAG, THREADS)  # 16 -> 32, CUDA cores
                 # 32 -> 64: X21 = -X22 (L21 X11), two 32 x 32 x 32 fp32 products (mma.sync, tf32)
                 merge_32_to_64(L_s, X_s, M_s, M_f, C)
-                store_a_ag(X_s, gam_s, b_s, A_s, Ag_s, A, Ag, start, end, h, C, dtype, store_a)
+                store_a_ag(X_s, gam_s, b_s, qkt, A_s, Ag_s, A, Ag, start, end, h, C, dtype, store_a)
 
     return compile_for(kkt_solve, arch)

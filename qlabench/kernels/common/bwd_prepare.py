@@ -9,6 +9,7 @@ TIR variables named ``bx`` and ``by``; the macros take them under those names (`
 passing them does not rename them either.
 """
 
+import tilelang
 import tilelang.language as T
 
 
@@ -24,15 +25,19 @@ def load_chunk(q, k, A, g_cumsum, beta, Q_s, K_s, A_s, gam_s, beta_s, t0, end, h
 
 
 @T.macro
-def store_masks(P_f, A_s, gam_s, beta_s, Pg_s, Ag_s, Pg_out, Ag_out, fac_out, scale, bx, t0, end, by, C: int,
+def store_masks(P_f, Ag_f, A_s, gam_s, beta_s, Pg_s, Ag_s, Pg_out, Ag_out, fac_out, scale, bx, t0, end, by, C: int,
                 dtype: str):
-    """Pg = scale Gam .* P (P = Q K^T in P_f), Ag = Gam .* A .* beta_col, the per-row factors
-    exp(gam), exp(gam_last - gam), beta, and the chunk's rows of Pg and Ag."""
+    """Pg = scale Gam .* P (P = Q K^T in the fragment P_f, masked in place), Ag = Gam .* A .* beta_col
+    (formed in the C x C fp32 fragment Ag_f), both copied to their shared tiles as a whole (stmatrix
+    into the kernels' swizzled tiles: the element-wise bf16 stores from the fragment layout put eight
+    rows of one column in one bank), the per-row factors exp(gam), exp(gam_last - gam), beta, and the
+    chunk's rows of Pg and Ag."""
     for i, j in T.Parallel(C, C):
         decay = T.exp(gam_s[i] - gam_s[j])
-        Pg_s[i, j] = T.if_then_else(j <= i, T.cast(scale * decay * P_f[i, j], dtype), T.cast(0, dtype))
-        Ag_s[i, j] = T.if_then_else(j <= i, T.cast(decay * A_s[i, j] * beta_s[j], dtype),
-                                    T.cast(0, dtype))
+        Ag_f[i, j] = T.if_then_else(j <= i, decay * A_s[i, j] * beta_s[j], 0.0)
+        P_f[i, j] = T.if_then_else(j <= i, scale * decay * P_f[i, j], 0.0)
+    T.copy(P_f, Pg_s)
+    T.copy(Ag_f, Ag_s)
     for i in T.Parallel(C):
         fac_out[bx, by, 0, i] = T.exp(gam_s[i])
         fac_out[bx, by, 1, i] = T.exp(gam_s[C - 1] - gam_s[i])
@@ -46,3 +51,11 @@ def store_masks(P_f, A_s, gam_s, beta_s, Pg_s, Ag_s, Pg_out, Ag_out, fac_out, sc
             if t0 + i < end:
                 Pg_out[t0 + i, by, j] = Pg_s[i, j]
                 Ag_out[t0 + i, by, j] = Ag_s[i, j]
+
+
+@T.macro
+def swizzle_tiles(A_s, Pg_s, Ag_s):
+    """The C x C bf16 tiles in the swizzled shared layout (read and written in the fragment layout)."""
+    T.annotate_layout({A_s: tilelang.layout.make_swizzled_layout(A_s),
+                       Pg_s: tilelang.layout.make_swizzled_layout(Pg_s),
+                       Ag_s: tilelang.layout.make_swizzled_layout(Ag_s)})

@@ -7,6 +7,7 @@ generated code of both kernels as it was before these steps moved here. The v-he
 take it under that name.
 """
 
+import tilelang
 import tilelang.language as T
 
 
@@ -23,10 +24,13 @@ def load_chunk(q, k, g_cumsum, beta, K_s, Q_s, b_s, gam_s, start, end, by, hk, C
 
 @T.macro
 def build_l(kkt, b_s, L_s, X_s, C: int):
-    """L = strict_lower(diag(beta) K K^T) (K K^T in kkt) and X = 0, then a block barrier."""
+    """L = strict_lower(diag(beta) K K^T), masked in place on the fragment ``kkt`` (K K^T) and copied to
+    L_s whole, and X = 0 (vector fills), then a block barrier. The element-wise form wrote both fp32 tiles
+    as 4-byte scalars from the fragment layout, a quarter of the kernel's shared-memory wavefronts."""
     for i, j in T.Parallel(C, C):
-        L_s[i, j] = T.if_then_else(j < i, b_s[i] * kkt[i, j], 0.0)
-        X_s[i, j] = 0.0
+        kkt[i, j] = T.if_then_else(j < i, b_s[i] * kkt[i, j], 0.0)
+    T.copy(kkt, L_s)
+    T.fill(X_s, 0.0)
     T.sync_threads()
 
 
@@ -41,23 +45,35 @@ def store_rows(tile_s, out, start, end, by, C: int):
 
 @T.macro
 def store_pm(qkt, gam_s, Pm_s, Pm, scale, start, end, by, C: int, dtype: str):
-    """Pm = scale Gam .* Q K^T (Q K^T in qkt) through the C x C shared tile Pm_s, the chunk's rows only."""
+    """Pm = scale Gam .* Q K^T, masked in place on the fragment ``qkt`` (Q K^T) and copied to the C x C
+    shared tile Pm_s as a whole (stmatrix into the kernels' swizzled stage tile), the chunk's rows only."""
     for i, j in T.Parallel(C, C):
-        Pm_s[i, j] = T.if_then_else(j <= i, T.cast(scale * T.exp(gam_s[i] - gam_s[j]) * qkt[i, j], dtype),
-                                    T.cast(0, dtype))
+        qkt[i, j] = T.if_then_else(j <= i, scale * T.exp(gam_s[i] - gam_s[j]) * qkt[i, j], 0.0)
+    T.copy(qkt, Pm_s)
     store_rows(Pm_s, Pm, start, end, by, C)
 
 
 @T.macro
-def store_a_ag(X_s, gam_s, b_s, A_s, Ag_s, A, Ag, start, end, by, C: int, dtype: str, store_a: bool = True):
-    """A = X (the inverse) and Ag = Gam .* A .* beta_col through the C x C shared tiles A_s, Ag_s, the
-    chunk's rows only; A is not written when ``store_a`` is False (a forward no backward follows: only
-    the backward reads A)."""
-    for i, j in T.Parallel(C, C):
-        if store_a:
+def store_a_ag(X_s, gam_s, b_s, frag, A_s, Ag_s, A, Ag, start, end, by, C: int, dtype: str, store_a: bool = True):
+    """A = X (the inverse) and Ag = Gam .* A .* beta_col, formed on the C x C fp32 fragment ``frag`` (a
+    dead product fragment: the kernels pass Q K^T's, whose layout stmatrix stores) and copied to the C x C
+    shared tiles A_s, Ag_s as a whole, the chunk's rows only; A is not written when ``store_a`` is False
+    (a forward no backward follows: only the backward reads A)."""
+    if store_a:
+        for i, j in T.Parallel(C, C):
             A_s[i, j] = T.cast(X_s[i, j], dtype)
-        Ag_s[i, j] = T.if_then_else(j <= i, T.cast(T.exp(gam_s[i] - gam_s[j]) * X_s[i, j] * b_s[j], dtype),
-                                    T.cast(0, dtype))
+    for i, j in T.Parallel(C, C):
+        frag[i, j] = T.if_then_else(j <= i, T.exp(gam_s[i] - gam_s[j]) * X_s[i, j] * b_s[j], 0.0)
+    T.copy(frag, Ag_s)
     if store_a:
         store_rows(A_s, A, start, end, by, C)
     store_rows(Ag_s, Ag, start, end, by, C)
+
+
+@T.macro
+def swizzle_stage_tiles(Pm_s, A_s, Ag_s):
+    """The bf16 stage tiles in the swizzled shared layout: the fragment copies into them (stmatrix) write
+    eight rows at one column, which a plain row-major tile puts in one bank."""
+    T.annotate_layout({Pm_s: tilelang.layout.make_swizzled_layout(Pm_s),
+                       A_s: tilelang.layout.make_swizzled_layout(A_s),
+                       Ag_s: tilelang.layout.make_swizzled_layout(Ag_s)})

@@ -20,6 +20,9 @@ Grid: (NCmax chunks, H_v); unused chunk-table rows (start == end) do nothing. Th
 warpgroups split the GEMM's N and the elementwise work).
 GEMMs per chunk (wgmma, smem operands, fp32 accumulate): Q K^T 64x64x128.
 Shared memory (bf16): Q, K 2 x 16 KB, A, Pg, Ag 3 x 8 KB, gam/beta 0.5 KB: ~57 KB.
+Pg and Ag are formed on fp32 fragments and copied to their (swizzled) shared tiles whole, by stmatrix,
+as kkt_solve's Pm and Ag are (session 13: the element-wise bf16 stores from the fragment layout put eight
+rows of one column in one shared-memory bank).
 scale is a runtime argument (one compiled kernel serves every scale).
 Emulated by ``qlabench.kernels.emulate_bwd.twin_bwd_prepare`` (masks: ``_emu_masks``).
 The loads and elementwise steps that do not depend on how products are issued are TileLang macros
@@ -30,7 +33,7 @@ import functools
 
 import tilelang.language as T
 
-from ..common.bwd_prepare import load_chunk, store_masks
+from ..common.bwd_prepare import load_chunk, store_masks, swizzle_tiles
 from .bwd_common import compile_bwd
 
 
@@ -62,6 +65,8 @@ def bwd_prepare_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: st
             gam_s = T.alloc_shared((C,), "float32")
             beta_s = T.alloc_shared((C,), "float32")
             P_f = T.alloc_fragment((C, C), "float32")
+            Ag_f = T.alloc_fragment((C, C), "float32")
+            swizzle_tiles(A_s, Pg_s, Ag_s)
 
             t0 = chunk_bounds[c, 0]
             end = chunk_bounds[c, 1]
@@ -71,6 +76,6 @@ def bwd_prepare_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: st
                 load_chunk(q, k, A, g_cumsum, beta, Q_s, K_s, A_s, gam_s, beta_s, t0, end, hk, hv, C)
 
                 T.gemm(Q_s, K_s, P_f, transpose_B=True, clear_accum=True)
-                store_masks(P_f, A_s, gam_s, beta_s, Pg_s, Ag_s, Pg_out, Ag_out, fac_out, scale, c, t0, end, hv, C, dtype)
+                store_masks(P_f, Ag_f, A_s, gam_s, beta_s, Pg_s, Ag_s, Pg_out, Ag_out, fac_out, scale, c, t0, end, hv, C, dtype)
 
     return compile_bwd(bwd_prepare, arch)

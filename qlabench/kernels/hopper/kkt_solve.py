@@ -27,7 +27,14 @@ Grid: (NCmax chunks, H_v); blocks past the real chunk count exit. Threads: 128 (
     unrolled in the IR) instead of re-reading X_s with two 64-thread barriers per row: 249 vs 300 us
     at 1x32768 hk16_hv16, 926 vs 1122 at hk16_hv64, 128 vs 154 at hk2_hv8 (H200, session 7;
     96 registers, still 5 blocks per SM; the same operations in the same order).
-  * Q K^T on tensor cores; masks applied in fp32 (exp of gam_i - gam_j <= 0 only).
+  * Q K^T on tensor cores first, masked in place on its fp32 fragment (exp of gam_i - gam_j <= 0 only),
+    then K K^T: one C x C fp32 fragment live at a time (96 registers, 5 blocks per SM).
+  * Every C x C tile moves between registers and shared memory whole: Pm and Ag (Ag formed on Q K^T's dead
+    fragment) by stmatrix into swizzled bf16 stage tiles, L = strict_lower(diag(beta) K K^T) by a fragment
+    copy, X = 0 by vector fills. ncu on the H200 (session 13, hk16_hv64 1x32768): the kernel was bound by
+    shared memory (L1 92.9% busy, 29% of its wavefronts excess), most of it the element-wise 2- and 4-byte
+    stores from the fragment layout (eight rows of one column in one bank). Kernel alone, same inputs,
+    bit-identical Ag and Pm: 879 -> 697 us at hk16_hv64 1x32768, 238 -> 189 at hk16_hv16 (no A).
   * Rows of the chunk are stored as bf16 (row t of A, Ag, Pm holds token t's row of its chunk),
     staged in C x C bf16 shared tiles and written as whole 16-byte row pieces (common/kkt_solve.py
     store_rows): straight from the wgmma fragment / X_s the stores were 2-byte scalars (a third of
@@ -46,7 +53,7 @@ import functools
 import tilelang.language as T
 
 from ..common.build import compile_for
-from ..common.kkt_solve import build_l, load_chunk, store_a_ag, store_pm
+from ..common.kkt_solve import build_l, load_chunk, store_a_ag, store_pm, swizzle_stage_tiles
 from ..common.tri_inverse import invert_diag_blocks, merge_32_to_64, merge_pairs
 
 
@@ -88,14 +95,16 @@ def kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str,
             Ag_s = T.alloc_shared((C, C), dtype)
             x_col = T.alloc_local((DIAG,), "float32")  # invert_diag_blocks' column of X
             tx = T.get_thread_binding()
+            swizzle_stage_tiles(Pm_s, A_s, Ag_s)
             start = chunk_bounds[c, 0]
             end = chunk_bounds[c, 1]
             hk = h // group
             if end > start:
                 load_chunk(q, k, g_cumsum, beta, K_s, Q_s, b_s, gam_s, start, end, h, hk, C, K, dtype)
-                T.gemm(K_s, K_s, kkt, transpose_B=True, clear_accum=True)
+                # Q K^T and its mask first, so that only one C x C fp32 fragment is live at a time
                 T.gemm(Q_s, K_s, qkt, transpose_B=True, clear_accum=True)
                 store_pm(qkt, gam_s, Pm_s, Pm, scale, start, end, h, C, dtype)
+                T.gemm(K_s, K_s, kkt, transpose_B=True, clear_accum=True)
                 build_l(kkt, b_s, L_s, X_s, C)
                 # 16 x 16 diagonal blocks: forward substitution, one thread per (block, column)
                 invert_diag_blocks(L_s, X_s, x_col, tx, C, DIAG)
@@ -103,6 +112,6 @@ def kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str,
                 merge_pairs(L_s, X_s, M_s, tx, C, DIAG, THREADS)  # 16 -> 32
                 if C == 4 * DIAG:  # 32 -> 64: two 32 x 32 x 32 products on tensor cores (tf32)
                     merge_32_to_64(L_s, X_s, M_s, M_f, C)
-                store_a_ag(X_s, gam_s, b_s, A_s, Ag_s, A, Ag, start, end, h, C, dtype, store_a)
+                store_a_ag(X_s, gam_s, b_s, qkt, A_s, Ag_s, A, Ag, start, end, h, C, dtype, store_a)
 
     return compile_for(kkt_solve, arch)
