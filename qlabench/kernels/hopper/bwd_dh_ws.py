@@ -139,6 +139,7 @@ counts, parities, fences, setmaxnreg and the single __syncthreads listed above.
 import functools
 import os
 
+import tilelang
 import tilelang.language as T
 from tilelang import PassConfigKey
 
@@ -222,16 +223,20 @@ def _bwd_dh_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str,
             T.mbarrier_wait_parity(aux_ready[slot], ph)
             T.gemm(K_s, dS_s, dVp_f, clear_accum=True)
             T.mbarrier_wait_parity(pt_ready[0], cr & 1)
+            # dV', dv and dU formed in place on the (then dead) accumulators and copied whole (stmatrix),
+            # not as element-wise 2-byte stores from the fragment layout
             for i, j in T.Parallel(C, BV):
-                dVp_s[i, j] = rows(t0, eos, i, T.cast(dVp_f[i, j] * F_s[1, i] + PT_s[i, j], dtype))
+                dVp_f[i, j] = T.if_then_else(t0 + i < eos, dVp_f[i, j] * F_s[1, i] + PT_s[i, j], 0.0)
+            T.copy(dVp_f, dVp_s)
             T.mbarrier_arrive(pt_free[0])
             T.fence_proxy_async()
             T.sync_threads(BAR_STATE, 128)
 
             T.gemm(Ag_s, dVp_s, dW_f, transpose_A=True, clear_accum=True)
+            T.copy(dW_f, dW_s)
             for i, j in T.Parallel(C, BV):
-                dW_s[i, j] = T.cast(dW_f[i, j], dtype)
-                dU_s[i, j] = T.cast(-F_s[0, i] * dW_f[i, j], dtype)
+                dW_f[i, j] = -F_s[0, i] * dW_f[i, j]
+            T.copy(dW_f, dU_s)
             T.fence_proxy_async()
             T.sync_threads(BAR_STATE, 128)
             T.mbarrier_arrive(v_ready[slot])
@@ -345,6 +350,10 @@ def _bwd_dh_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str,
             PT_f = T.alloc_fragment((C, BV), "float32")
 
             tx = T.get_thread_binding()
+            # dv's hand-off tiles are written by stmatrix and read row-wise: swizzled (the gemm operands
+            # are swizzled by TileLang itself)
+            T.annotate_layout({W0: tilelang.layout.make_swizzled_layout(W0),
+                               W1: tilelang.layout.make_swizzled_layout(W1)})
             n, h, hk, v0, bos, eos, cbase = sequence_block(cu_seqlens, chunk_offsets, iv, nh, h_v, group, BV)
             n_chunks = reverse_run(bos, eos, C, chunk_skip, has_skip, n, h)
             n_pairs = T.ceildiv(n_chunks, 2)

@@ -141,7 +141,6 @@ def _chunk_fwd_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: s
     state_shape = (h_v, V, K) if state_v_first else (h_v, K, V)
 
     R = roles(C, K, BV, dtype, state_v_first)  # the shared macros (hopper/chunk_fwd_roles.py)
-    rows = R.rows
 
     @T.macro
     def state_step(slot: int, c, n_run, bos, eos, skip, K_s, V_s, Ag_s, gam_s, S_s, Vd_s, W_s, Vr_s,
@@ -157,16 +156,22 @@ def _chunk_fwd_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: s
             T.mbarrier_arrive(s_ready[slot])
 
             T.gemm(K_s, S_s, U_f, clear_accum=True)
+            # each C x BV tile formed in place on the (then dead) accumulator and copied whole (stmatrix),
+            # not as element-wise 2-byte stores from the fragment layout
             for i, j in T.Parallel(C, BV):
-                W_s[i, j] = rows(t0, eos, i, T.cast(value_rows(V_s, has_h0, i, j) - T.exp(gam_s[i]) * U_f[i, j],
-                                                    dtype))
+                U_f[i, j] = T.if_then_else(t0 + i < eos, value_rows(V_s, has_h0, i, j) - T.exp(gam_s[i]) * U_f[i, j],
+                                           0.0)
+            T.copy(U_f, W_s)
             T.fence_proxy_async()
             T.sync_threads(BAR_STATE, 128)
 
             T.gemm(Ag_s, W_s, U_f, clear_accum=True)  # U_f now holds Vd
             for i, j in T.Parallel(C, BV):
-                Vd_s[i, j] = rows(t0, eos, i, T.cast(U_f[i, j], dtype))
-                Vr_s[i, j] = rows(t0, eos, i, T.cast(T.exp(gam_s[C - 1] - gam_s[i]) * U_f[i, j], dtype))
+                U_f[i, j] = T.if_then_else(t0 + i < eos, U_f[i, j], 0.0)
+            T.copy(U_f, Vd_s)
+            for i, j in T.Parallel(C, BV):
+                U_f[i, j] = T.if_then_else(t0 + i < eos, T.exp(gam_s[C - 1] - gam_s[i]) * U_f[i, j], 0.0)
+            T.copy(U_f, Vr_s)
             if t0 + C > eos:
                 for i, d in T.Parallel(C, K):
                     if t0 + i >= eos:

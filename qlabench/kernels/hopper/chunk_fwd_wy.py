@@ -78,7 +78,6 @@ def _chunk_fwd_wy(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: s
     state_shape = (h_v, V, K) if state_v_first else (h_v, K, V)
 
     R = roles(C, K, BV, dtype, state_v_first)  # the shared macros (hopper/chunk_fwd_roles.py)
-    rows = R.rows
 
     @T.macro
     def wu_step(slot: int, c, n_run, bos, eos, skip, K_s, V_s, Ag_s, gam_s, W_s, Uw_f, W_f, full, wu_ready, has_h0):
@@ -99,15 +98,15 @@ def _chunk_fwd_wy(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: s
                 T.sync_threads(BAR_WU, 128)
             T.gemm(Ag_s, V_s, Uw_f, clear_accum=True)
             T.sync_threads(BAR_WU, 128)  # every warp's product read V_s, Ag_s
-            for i, j in T.Parallel(C, BV):
-                V_s[i, j] = T.cast(Uw_f[i, j], dtype)
+            T.copy(Uw_f, V_s)
             for i, j in T.Parallel(C, C):
                 Ag_s[i, j] = T.cast(T.cast(Ag_s[i, j], "float32") * T.exp(gam_s[j]), dtype)
             T.fence_proxy_async()
             T.sync_threads(BAR_WU, 128)
             T.gemm(Ag_s, K_s, W_f, clear_accum=True)
             for i, d in T.Parallel(C, K):
-                W_s[i, d] = T.cast(-W_f[i, d], dtype)
+                W_f[i, d] = -W_f[i, d]
+            T.copy(W_f, W_s)
             T.fence_proxy_async()
             T.sync_threads(BAR_WU, 128)
             T.mbarrier_arrive(wu_ready[slot])
@@ -127,9 +126,14 @@ def _chunk_fwd_wy(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: s
 
             T.copy(V_s, U_f)  # U (bf16, the wu warpgroup's) as the accumulator's start
             T.gemm(W_s, S_s, U_f)  # U_f = U - W S = Vd (W_s holds -W)
+            # Vd and Vr = diag(r) Vd formed in place on the (then dead) accumulator and copied whole
+            # (stmatrix), not as element-wise 2-byte stores from the fragment layout
             for i, j in T.Parallel(C, BV):
-                Vd_s[i, j] = rows(t0, eos, i, T.cast(U_f[i, j], dtype))
-                Vr_s[i, j] = rows(t0, eos, i, T.cast(T.exp(gam_s[C - 1] - gam_s[i]) * U_f[i, j], dtype))
+                U_f[i, j] = T.if_then_else(t0 + i < eos, U_f[i, j], 0.0)
+            T.copy(U_f, Vd_s)
+            for i, j in T.Parallel(C, BV):
+                U_f[i, j] = T.if_then_else(t0 + i < eos, T.exp(gam_s[C - 1] - gam_s[i]) * U_f[i, j], 0.0)
+            T.copy(U_f, Vr_s)
             T.fence_proxy_async()
             T.sync_threads(BAR_STATE, 128)
             T.mbarrier_arrive(vd_ready[slot])
