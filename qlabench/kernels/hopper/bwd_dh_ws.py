@@ -134,6 +134,11 @@ Verified on the CPU only (sm_90a, TileLang 0.1.15, nvcc 13.0): compiles at (H_qk
 (2, 4), (4, 8) x BV = 32, 64 (bf16); ptxas -v / cuobjdump -res-usage: 168 registers, 0 bytes
 spill stores / loads, LOCAL:0, 3 named barriers (0, 1, 2); the generated CUDA has the barrier
 counts, parities, fences, setmaxnreg and the single __syncthreads listed above.
+
+The state warpgroup's hand-off tiles (dV', dv, dU) are formed in place on its dead accumulators and
+copied to shared memory whole (stmatrix; dv's tile, read row-wise by the aux role, is swizzled): session 13,
+bwd_dh_ws in the API's backward 568 -> 477 us at hk16_hv16 1x32768, 1425 -> 1114 at hk16_hv64. (The same
+change to bwd_h_ws's Y tile measured slower, 264 -> 289 and 998 -> 1098 us, and was reverted.)
 """
 
 import functools

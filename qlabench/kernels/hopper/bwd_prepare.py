@@ -22,7 +22,8 @@ GEMMs per chunk (wgmma, smem operands, fp32 accumulate): Q K^T 64x64x128.
 Shared memory (bf16): Q, K 2 x 16 KB, A, Pg, Ag 3 x 8 KB, gam/beta 0.5 KB: ~57 KB.
 Pg and Ag are formed on fp32 fragments and copied to their (swizzled) shared tiles whole, by stmatrix,
 as kkt_solve's Pm and Ag are (session 13: the element-wise bf16 stores from the fragment layout put eight
-rows of one column in one shared-memory bank).
+rows of one column in one shared-memory bank): 157 -> 145 us at hk16_hv16 1x32768, 599 -> 527 at
+hk16_hv64 (H200, in the API's backward).
 scale is a runtime argument (one compiled kernel serves every scale).
 Emulated by ``qlabench.kernels.emulate_bwd.twin_bwd_prepare`` (masks: ``_emu_masks``).
 The loads and elementwise steps that do not depend on how products are issued are TileLang macros

@@ -54,6 +54,9 @@ fresh barrier passes at once):
              arrive o_free[b]; arrive empty[slot]; whole chunk: wait the last TMA store's reads,
              bar.sync(2, 128), O_s = bf16(O), fence, bar.sync(2, 128), TMA store O_s -> o;
              partial chunk: o rows < eos -> global
+  (W_s, Vd_s, Vr_s are formed in place on the state's dead accumulator and copied whole, by stmatrix, as
+  in chunk_fwd_wy.py since session 13; this kernel, sm90's recurrence at BV = 32 only, passed the GPU suite
+  with it but was not timed alone.)
 Barriers (mbarrier arrive counts): full[2] = 128 (producer threads; TMA bytes via expect_tx),
 empty[2] = 256 (state + output threads), s_ready[2] = vd_ready[2] = 128 (state threads),
 o_free[2] = 128 (output threads). Named barrier 1 (bar.sync 1, 128): the state WG's own smem writes

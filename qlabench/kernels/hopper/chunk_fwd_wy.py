@@ -21,6 +21,11 @@ WG3 wu: wait full[slot]; partial chunk: zero K_s, V_s rows past eos; U = Ag V ->
 Ag_s *= e (columns, in place); W = Ag_s K -> W_s[slot] = bf16(-W); fence; arrive wu_ready[slot].
 The state waits wu_ready[slot] instead of full[slot]: acc = U (from V_s), acc += W_s S_s (= Vd).
 Register quotas 40 (producer) + 128 (wu) + 216 (state) + 128 (output) = 512 = 4 x 128.
+The C x BV tiles a role hands on (U, -W, Vd, Vr) are formed in place on the role's dead accumulator and
+copied to shared memory whole (stmatrix), not stored element-wise from the fragment layout: the state
+chain issues 8 stmatrix instead of 64 2-byte stores a chunk. Kernel time in the API's forward (session 13):
+hk16_hv64 1x32768 1232 -> 1076 us, hk16_hv64 8192x4 1242 -> 1080, hk16_hv16 1x32768 (CP) 588 -> 519,
+hk2_hv8 1x32768 (CP) 334 -> 297; o / ht errors unchanged.
 Shared memory at BV = 64: ring 2 x 56 KB + S_s, Vd_s 48 KB + W_s 2 x 16 KB + Vr_s 8 KB + O_s 8 KB
 = 208.5 KB.
 """

@@ -33,8 +33,10 @@ Grid: (NCmax chunks, H_v); blocks past the real chunk count exit. Threads: 128 (
     fragment) by stmatrix into swizzled bf16 stage tiles, L = strict_lower(diag(beta) K K^T) by a fragment
     copy, X = 0 by vector fills. ncu on the H200 (session 13, hk16_hv64 1x32768): the kernel was bound by
     shared memory (L1 92.9% busy, 29% of its wavefronts excess), most of it the element-wise 2- and 4-byte
-    stores from the fragment layout (eight rows of one column in one bank). Kernel alone, same inputs,
-    bit-identical Ag and Pm: 879 -> 697 us at hk16_hv64 1x32768, 238 -> 189 at hk16_hv16 (no A).
+    stores from the fragment layout (eight rows of one column in one bank). Bit-identical Ag and Pm; in
+    the API's forward (no A, session 13, results/h200/NOTES.md): 837 -> 682 us at hk16_hv64 1x32768,
+    225 -> 182 at hk16_hv16, 115 -> 91 at hk2_hv8. (A tiled CUDA-core 16 -> 32 merge, 4 outputs per
+    thread, measured 2 us on top of these and was not kept.)
   * Rows of the chunk are stored as bf16 (row t of A, Ag, Pm holds token t's row of its chunk),
     staged in C x C bf16 shared tiles and written as whole 16-byte row pieces (common/kkt_solve.py
     store_rows): straight from the wgmma fragment / X_s the stores were 2-byte scalars (a third of

@@ -1,0 +1,35 @@
+"""kkt_solve moves its C x C tiles between registers and shared memory whole (session 13: the kernel was
+bound by shared memory, most of it element-wise 2- and 4-byte stores from the fragment layout). This
+test compiles the Hopper kernel for sm_90a and reads the generated CUDA: the Pm / Ag (and A) stage tiles
+are written by stmatrix, L by a fragment copy and X by vector fills, and the buffers still overlap by
+lifetime so that five blocks fit on an SM (the kernel's 96 registers allow five as well).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from qlabench.kernels.hopper.kkt_solve import kkt_solve_kernel
+
+C, K = 64, 128
+SIZES = {"K_s": C * K * 2, "Q_s": C * K * 2, "L_s": C * C * 4, "X_s": C * C * 4, "M_s": (C // 2) ** 2 * 4,
+         "Pm_s": C * C * 2, "A_s": C * C * 2, "Ag_s": C * C * 2, "b_s": C * 4, "gam_s": C * 4}
+FIVE_BLOCKS = 228 * 1024 // 5 - 1024  # an H200 SM's shared memory over five blocks, less the driver's 1 KB each
+
+
+@pytest.mark.parametrize("store_a", [False, True], ids=["no-A", "with-A"])
+def test_tiles_move_whole_and_five_blocks_fit(store_a):
+    src = kkt_solve_kernel(2, 8, K, C, "bfloat16", "sm90", store_a).get_kernel_source()
+    found = dict(re.findall(r"void\* (\w+) = \(\(void\*\)\(\(char\*\)buf_dyn_shmem \+ (\d+)\)\);", src))
+    assert found, "no dynamic shared-memory buffers in the generated CUDA"
+    end = max(int(off) + SIZES[name] for name, off in found.items())
+    assert end <= FIVE_BLOCKS, f"{end} bytes of shared memory per block: fewer than five blocks per SM"
+    # Pm and Ag stage tiles by stmatrix (A, when written, by an element-wise cast from X_s)
+    assert src.count("ptx_stmatrix") == 2
+    # no 2-byte element-wise stores into the Pm / Ag stage tiles
+    assert not re.search(r"\(\(bfloat16_t\*\)(Pm_s|Ag_s)\)\[[^\]]*\] = ", src)
+    # X = 0 as 16-byte fills, L copied from the fragment as 8-byte pieces
+    assert re.search(r"\*\(float4\*\)\(\(\(float\*\)X_s\)", src)
+    assert re.search(r"\*\(float2\*\)\(\(\(float\*\)L_s\)", src)
