@@ -35,6 +35,9 @@ def test_chunk_fwd_wy_compiles_sm90a(BV, state_v_first, tmp_path, monkeypatch):
     assert "wu_ready[0].wait(" in src and "wu_ready[1].wait(" in src
     # the wu warpgroup's own smem writes are fenced before its wgmma reads (named barrier 3)
     assert "__sync_thread_partial(3, 128)" in src
+    # every C x BV / C x K / K x BV tile a role hands on leaves its registers by stmatrix: S, Vd, Vr
+    # (state), U, -W (wu), O (output), in each of the two ring slots
+    assert src.count("ptx_stmatrix") == 12
     # the only block-wide barrier is the one after the mbarrier init
     assert src.count("__syncthreads()") == 1
     assert src.index("__syncthreads()") < src.index("warpgroup_reg_dealloc")

@@ -1,8 +1,9 @@
-"""kkt_solve moves its C x C tiles between registers and shared memory whole (session 13: the kernel was
-bound by shared memory, most of it element-wise 2- and 4-byte stores from the fragment layout). This
-test compiles the Hopper kernel for sm_90a and reads the generated CUDA: the Pm / Ag (and A) stage tiles
-are written by stmatrix, L by a fragment copy and X by vector fills, and the buffers still overlap by
-lifetime so that five blocks fit on an SM (the kernel's 96 registers allow five as well).
+"""kkt_solve (and bwd_prepare, which forms the same masks) move their C x C tiles between registers and
+shared memory whole (session 13: kkt_solve was bound by shared memory, most of it element-wise 2- and
+4-byte stores from the fragment layout). These tests compile the Hopper kernels for sm_90a and read the
+generated CUDA: the Pm / Ag (and A) stage tiles are written by stmatrix, L by a fragment copy and X by
+vector fills, and kkt_solve's buffers still overlap by lifetime so that five blocks fit on an SM (its 96
+registers allow five as well).
 """
 
 from __future__ import annotations
@@ -33,3 +34,13 @@ def test_tiles_move_whole_and_five_blocks_fit(store_a):
     # X = 0 as 16-byte fills, L copied from the fragment as 8-byte pieces
     assert re.search(r"\*\(float4\*\)\(\(\(float\*\)X_s\)", src)
     assert re.search(r"\*\(float2\*\)\(\(\(float\*\)L_s\)", src)
+
+
+def test_bwd_prepare_masks_leave_registers_whole():
+    """bwd_prepare forms Pg and Ag the same way (fragments copied whole into swizzled tiles, then TMA)."""
+    from qlabench.kernels.hopper.bwd_prepare import bwd_prepare_kernel
+
+    src = bwd_prepare_kernel(2, 8, K, C, "bfloat16", "sm90").get_kernel_source()
+    assert src.count("ptx_stmatrix") == 2
+    assert not re.search(r"\(\(bfloat16_t\*\)(Pg_s|Ag_s)\)\[[^\]]*\] = ", src)
+    assert "tma_store(Pg_out_desc" in src and "tma_store(Ag_out_desc" in src
