@@ -28,7 +28,8 @@ import functools
 
 import tilelang.language as T
 
-from ..common.bwd_prepare import load_chunk, store_masks, swizzle_tiles
+from ..common.bwd_prepare import load_chunk, store_masks
+from ..common.smem_layout import swizzled
 from ..hopper.bwd_common import compile_bwd
 
 
@@ -63,7 +64,7 @@ def bwd_prepare_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: st
             done = T.alloc_barrier(1)
             P_f = T.alloc_fragment((C, C), "float32")
             Ag_f = T.alloc_fragment((C, C), "float32")
-            swizzle_tiles(A_s, Pg_s, Ag_s)
+            T.annotate_layout(swizzled(A_s, Pg_s, Ag_s))  # read and written in the fragment layout
 
             t0 = chunk_bounds[c, 0]
             end = chunk_bounds[c, 1]

@@ -9,7 +9,6 @@ TIR variables named ``bx`` and ``by``; the macros take them under those names (`
 passing them does not rename them either.
 """
 
-import tilelang
 import tilelang.language as T
 
 
@@ -52,10 +51,3 @@ def store_masks(P_f, Ag_f, A_s, gam_s, beta_s, Pg_s, Ag_s, Pg_out, Ag_out, fac_o
                 Pg_out[t0 + i, by, j] = Pg_s[i, j]
                 Ag_out[t0 + i, by, j] = Ag_s[i, j]
 
-
-@T.macro
-def swizzle_tiles(A_s, Pg_s, Ag_s):
-    """The C x C bf16 tiles in the swizzled shared layout (read and written in the fragment layout)."""
-    T.annotate_layout({A_s: tilelang.layout.make_swizzled_layout(A_s),
-                       Pg_s: tilelang.layout.make_swizzled_layout(Pg_s),
-                       Ag_s: tilelang.layout.make_swizzled_layout(Ag_s)})

@@ -7,7 +7,6 @@ generated code of both kernels as it was before these steps moved here. The v-he
 take it under that name.
 """
 
-import tilelang
 import tilelang.language as T
 
 
@@ -69,11 +68,3 @@ def store_a_ag(X_s, gam_s, b_s, frag, A_s, Ag_s, A, Ag, start, end, by, C: int, 
         store_rows(A_s, A, start, end, by, C)
     store_rows(Ag_s, Ag, start, end, by, C)
 
-
-@T.macro
-def swizzle_stage_tiles(Pm_s, A_s, Ag_s):
-    """The bf16 stage tiles in the swizzled shared layout: the fragment copies into them (stmatrix) write
-    eight rows at one column, which a plain row-major tile puts in one bank."""
-    T.annotate_layout({Pm_s: tilelang.layout.make_swizzled_layout(Pm_s),
-                       A_s: tilelang.layout.make_swizzled_layout(A_s),
-                       Ag_s: tilelang.layout.make_swizzled_layout(Ag_s)})

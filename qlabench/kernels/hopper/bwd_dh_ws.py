@@ -144,12 +144,12 @@ change to bwd_h_ws's Y tile measured slower, 264 -> 289 and 998 -> 1098 us, and 
 import functools
 import os
 
-import tilelang
 import tilelang.language as T
 from tilelang import PassConfigKey
 
 from ..common.build import compile_for
 from ..common.bwd_h import reverse_run, sequence_block
+from ..common.smem_layout import swizzled
 
 THREADS = 384  # producer, state, aux warpgroups
 NREG_PRODUCER = 40
@@ -357,8 +357,7 @@ def _bwd_dh_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str,
             tx = T.get_thread_binding()
             # dv's hand-off tiles are written by stmatrix and read row-wise: swizzled (the gemm operands
             # are swizzled by TileLang itself)
-            T.annotate_layout({W0: tilelang.layout.make_swizzled_layout(W0),
-                               W1: tilelang.layout.make_swizzled_layout(W1)})
+            T.annotate_layout(swizzled(W0, W1))
             n, h, hk, v0, bos, eos, cbase = sequence_block(cu_seqlens, chunk_offsets, iv, nh, h_v, group, BV)
             n_chunks = reverse_run(bos, eos, C, chunk_skip, has_skip, n, h)
             n_pairs = T.ceildiv(n_chunks, 2)

@@ -34,7 +34,8 @@ import functools
 
 import tilelang.language as T
 
-from ..common.bwd_prepare import load_chunk, store_masks, swizzle_tiles
+from ..common.bwd_prepare import load_chunk, store_masks
+from ..common.smem_layout import swizzled
 from .bwd_common import compile_bwd
 
 
@@ -67,7 +68,7 @@ def bwd_prepare_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: st
             beta_s = T.alloc_shared((C,), "float32")
             P_f = T.alloc_fragment((C, C), "float32")
             Ag_f = T.alloc_fragment((C, C), "float32")
-            swizzle_tiles(A_s, Pg_s, Ag_s)
+            T.annotate_layout(swizzled(A_s, Pg_s, Ag_s))  # read and written in the fragment layout
 
             t0 = chunk_bounds[c, 0]
             end = chunk_bounds[c, 1]

@@ -4,6 +4,7 @@ hopper/chunk_fwd_wy.py differ only in how the state warpgroup forms Vd, and wy's
 Built per compile-time configuration by ``roles(C, K, BV, dtype, state_v_first)``, as TileLang macros
 that inline where the kernel calls them (the generated code is the same as with the bodies written in
 place):
+  * handoff_vd: the state's Vd and r-scaled Vr from its accumulator into their hand-off tiles.
   * block_run: the block's sequence n, v-head h, qk-head hk, first V column v0, tokens [bos, eos), the
     chunks it skips (chunk_skip, has_skip) and runs (n_run, in n_pairs ring pairs).
   * produce: the TMA producer's step for chunk c into ring slot c % 2: wait empty[slot], TMA K, V, Ag,
@@ -30,7 +31,7 @@ BAR_OUTPUT = 2  # the output warpgroup's named barrier: O_s free before it is re
 
 
 class Roles(NamedTuple):
-    rows: object
+    handoff_vd: object
     block_run: object
     produce: object
     producer_role: object
@@ -44,9 +45,17 @@ class Roles(NamedTuple):
 def roles(C: int, K: int, BV: int, dtype: str, state_v_first: bool) -> Roles:
     """The shared macros for chunk size C, key width K, V tile BV, the inputs' dtype and state layout."""
 
-    def rows(t0, eos, i, value):
-        """value on rows of the sequence; zero past its end (other data there: select, not multiply)."""
-        return T.if_then_else(t0 + i < eos, value, T.cast(0, dtype))
+    @T.macro
+    def handoff_vd(U_f, gam_s, Vd_s, Vr_s, t0, eos):
+        """The state's Vd (in U_f) and Vr = diag(exp(gam_C - gam)) Vd to their hand-off tiles, each formed
+        in place on the (then dead) accumulator and copied whole (stmatrix), not as element-wise 2-byte
+        stores from the fragment layout; rows past eos are zero (a select: other data there)."""
+        for i, j in T.Parallel(C, BV):
+            U_f[i, j] = T.if_then_else(t0 + i < eos, U_f[i, j], 0.0)
+        T.copy(U_f, Vd_s)
+        for i, j in T.Parallel(C, BV):
+            U_f[i, j] = T.if_then_else(t0 + i < eos, T.exp(gam_s[C - 1] - gam_s[i]) * U_f[i, j], 0.0)
+        T.copy(U_f, Vr_s)
 
     @T.macro
     def block_run(cu_seqlens, chunk_skip, has_skip, iv, nh, h_v: int, group: int):
@@ -153,5 +162,5 @@ def roles(C: int, K: int, BV: int, dtype: str, state_v_first: bool) -> Roles:
                         ring1[0], ring1[4], ring1[5], *hand1, O_f, O_s, full, empty, s_ready, vd_ready, o_free)
         finish_output(o, n, n_cu, eos, n_tok, h, v0)
 
-    return Roles(rows, block_run, produce, producer_role, output_step, output_role, load_state, store_state,
+    return Roles(handoff_vd, block_run, produce, producer_role, output_step, output_role, load_state, store_state,
                  finish_output)

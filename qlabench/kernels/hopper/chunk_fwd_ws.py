@@ -169,12 +169,7 @@ def _chunk_fwd_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: s
             T.sync_threads(BAR_STATE, 128)
 
             T.gemm(Ag_s, W_s, U_f, clear_accum=True)  # U_f now holds Vd
-            for i, j in T.Parallel(C, BV):
-                U_f[i, j] = T.if_then_else(t0 + i < eos, U_f[i, j], 0.0)
-            T.copy(U_f, Vd_s)
-            for i, j in T.Parallel(C, BV):
-                U_f[i, j] = T.if_then_else(t0 + i < eos, T.exp(gam_s[C - 1] - gam_s[i]) * U_f[i, j], 0.0)
-            T.copy(U_f, Vr_s)
+            R.handoff_vd(U_f, gam_s, Vd_s, Vr_s, t0, eos)
             if t0 + C > eos:
                 for i, d in T.Parallel(C, K):
                     if t0 + i >= eos:

@@ -131,14 +131,7 @@ def _chunk_fwd_wy(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: s
 
             T.copy(V_s, U_f)  # U (bf16, the wu warpgroup's) as the accumulator's start
             T.gemm(W_s, S_s, U_f)  # U_f = U - W S = Vd (W_s holds -W)
-            # Vd and Vr = diag(r) Vd formed in place on the (then dead) accumulator and copied whole
-            # (stmatrix), not as element-wise 2-byte stores from the fragment layout
-            for i, j in T.Parallel(C, BV):
-                U_f[i, j] = T.if_then_else(t0 + i < eos, U_f[i, j], 0.0)
-            T.copy(U_f, Vd_s)
-            for i, j in T.Parallel(C, BV):
-                U_f[i, j] = T.if_then_else(t0 + i < eos, T.exp(gam_s[C - 1] - gam_s[i]) * U_f[i, j], 0.0)
-            T.copy(U_f, Vr_s)
+            R.handoff_vd(U_f, gam_s, Vd_s, Vr_s, t0, eos)
             T.fence_proxy_async()
             T.sync_threads(BAR_STATE, 128)
             T.mbarrier_arrive(vd_ready[slot])

@@ -55,7 +55,8 @@ import functools
 import tilelang.language as T
 
 from ..common.build import compile_for
-from ..common.kkt_solve import build_l, load_chunk, store_a_ag, store_pm, swizzle_stage_tiles
+from ..common.kkt_solve import build_l, load_chunk, store_a_ag, store_pm
+from ..common.smem_layout import swizzled
 from ..common.tri_inverse import invert_diag_blocks, merge_32_to_64, merge_pairs
 
 
@@ -97,7 +98,7 @@ def kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str,
             Ag_s = T.alloc_shared((C, C), dtype)
             x_col = T.alloc_local((DIAG,), "float32")  # invert_diag_blocks' column of X
             tx = T.get_thread_binding()
-            swizzle_stage_tiles(Pm_s, A_s, Ag_s)
+            T.annotate_layout(swizzled(Pm_s, A_s, Ag_s))  # stage tiles written by stmatrix
             start = chunk_bounds[c, 0]
             end = chunk_bounds[c, 1]
             hk = h // group
