@@ -31,16 +31,19 @@ def test_chunk_fwd_ws_compiles_sm90a(BV, state_v_first, tmp_path, monkeypatch):
     assert "__launch_bounds__(384, 1)" in src  # producer + state + output warpgroups, no extra WG
     # five products per chunk, two ring slots (unrolled pair): 10 wgmma issue sites, N = BV
     assert len(re.findall(rf"wgmma_ss<[^>]*, 64, {BV}, 16,", src)) == 10
-    # TMA loads of K, V, Ag, Q, Pm into each slot, completion counted on full[slot]
-    for desc in ("k_desc", "v_desc", "Ag_desc", "q_desc", "Pm_desc"):
-        assert src.count(f"tl::tma_load({desc}, full[0]") == 1 and src.count(f"tl::tma_load({desc}, full[1]") == 1
-    # the bytes expected on each full barrier are exactly one chunk of K, V, Ag, Q, Pm
+    # TMA loads into each slot: the chain's K, V, Ag counted on full[slot], the output's Q, Pm on full_o[slot]
+    for desc, bar in (("k_desc", "full"), ("v_desc", "full"), ("Ag_desc", "full"), ("q_desc", "full_o"),
+                      ("Pm_desc", "full_o")):
+        assert src.count(f"tl::tma_load({desc}, {bar}[0]") == 1 and src.count(f"tl::tma_load({desc}, {bar}[1]") == 1
+    # the bytes expected on each barrier are exactly one chunk of K, V, Ag (full) and of Q, Pm (full_o)
     for slot in (0, 1):
-        tx = sum(int(b) for b in re.findall(rf"full\[{slot}\]\.expect_transaction\((\d+)\)", src))
-        assert tx == (2 * C * D + C * BV + 2 * C * C) * 2, tx
+        for bar, nbytes in (("full", (C * D + C * BV + C * C) * 2), ("full_o", (C * D + C * C) * 2)):
+            tx = sum(int(b) for b in re.findall(rf"\b{bar}\[{slot}\]\.expect_transaction\((\d+)\)", src))
+            assert tx == nbytes, (bar, tx)
     # mbarriers with the documented arrive counts
     inits = dict(re.findall(r"(\w+)\[0\]\.init\((\d+)\)", src))
-    assert inits == {"full": "128", "empty": "256", "s_ready": "128", "vd_ready": "128", "o_free": "128"}
+    assert inits == {"full": "128", "full_o": "128", "empty": "256", "s_ready": "128", "vd_ready": "128",
+                     "o_free": "128"}
     for bar in inits:
         assert f"{bar}[0].wait(" in src and f"{bar}[1].wait(" in src, bar
         assert f"{bar}[0].arrive()" in src and f"{bar}[1].arrive()" in src, bar

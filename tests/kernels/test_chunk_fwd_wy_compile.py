@@ -25,11 +25,18 @@ def test_chunk_fwd_wy_compiles_sm90a(BV, state_v_first, tmp_path, monkeypatch):
     src = kernel.get_kernel_source()
 
     assert f"__launch_bounds__({wy.THREADS}, 1)" in src and wy.THREADS == 512  # four warpgroups
-    # TMA loads of K, V, Ag, Q, Pm into each of the two ring slots, counted on full[slot]
-    for desc in ("k_desc", "v_desc", "Ag_desc", "q_desc", "Pm_desc"):
-        assert src.count(f"tl::tma_load({desc}, full[0]") == 1 and src.count(f"tl::tma_load({desc}, full[1]") == 1
+    # TMA loads into each of the two ring slots: the chain's K, V, Ag counted on full[slot], the output's Q, Pm
+    # on full_o[slot] (the wu warpgroup starts before they land)
+    for desc, bar in (("k_desc", "full"), ("v_desc", "full"), ("Ag_desc", "full"), ("q_desc", "full_o"),
+                      ("Pm_desc", "full_o")):
+        assert src.count(f"tl::tma_load({desc}, {bar}[0]") == 1 and src.count(f"tl::tma_load({desc}, {bar}[1]") == 1
+    assert "full_o[0].wait(" in src and "full_o[1].wait(" in src
     # register quotas: the producer releases, the three compute warpgroups take (sum 4 x 128)
     assert src.count(f"warpgroup_reg_dealloc<{wy.NREG_PRODUCER}>") == 1
+    assert src.count(f"warpgroup_reg_alloc<{wy.NREG_WU}>") == 1
+    # the wu warpgroup's Ag diag(-e) stays in registers: ldmatrix in, wgmma with A from registers (one per
+    # slot), U and -W issued before one wait
+    assert src.count("ptx_ldmatrix") == 2 and src.count("tl::wgmma_rs<") == 2
     assert wy.NREG_PRODUCER + wy.NREG_STATE + wy.NREG_OUTPUT + wy.NREG_WU == 4 * 128
     # the state warpgroup waits for the wu warpgroup's U, W of each slot
     assert "wu_ready[0].wait(" in src and "wu_ready[1].wait(" in src

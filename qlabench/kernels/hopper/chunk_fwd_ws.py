@@ -25,9 +25,9 @@ Warp-group roles (384 threads = 3 warpgroups, split by thread index, one if/elif
 barrier after the prologue; the producer's and the output warpgroup's steps, the state's load / store
 and the padding tail are hopper/chunk_fwd_roles.py's macros, shared with chunk_fwd_wy.py):
   * WG0 producer (tx 0..127, set_max_nreg 40 dec): for chunk c into ring slot c % 2, waits
-    empty[slot], issues T.tma_copy of K, V, Ag, Q, Pm (one elected thread: expect_tx + loads on
-    full[slot]); threads 0..C-1 load gam (clamped g_cumsum, strided 4-byte elements: no TMA) into
-    gam_s[slot]; all 128 arrive on full[slot].
+    empty[slot], issues T.tma_copy of K, V, Ag (one elected thread: expect_tx + loads on full[slot])
+    and of Q, Pm (on full_o[slot], the output's only); threads 0..C-1 load gam (clamped g_cumsum,
+    strided 4-byte elements: no TMA) into gam_s[slot]; all 128 arrive on full[slot] and full_o[slot].
   * WG1 state (tx 128..255, set_max_nreg 216 inc): owns S in fp32 registers. The only serial chain:
     S -> S_s[b] -> K S -> W -> Ag W -> Vd, Vr -> K^T Vr -> S.
   * WG2 output (tx 256..383, set_max_nreg 216 inc): Q S from S_s[b], h_out from S_s[b], Pm Vd from
@@ -41,15 +41,15 @@ and the padding tail are hopper/chunk_fwd_roles.py's macros, shared with chunk_f
 Per-chunk stage order (slot = b = c % 2, ph = (c // 2) & 1; every mbarrier completes once per use of
 its slot, so the phase to wait for is ph, and ph ^ 1 for "freed by the use two chunks ago", which a
 fresh barrier passes at once):
-  producer:  wait empty[slot] (ph ^ 1) -> TMA K, V, Ag, Q, Pm (+ tx bytes on full[slot]) ->
-             gam_s[slot] stores -> arrive full[slot]
+  producer:  wait empty[slot] (ph ^ 1) -> TMA K, V, Ag (+ tx bytes on full[slot]), Q, Pm (on
+             full_o[slot]) -> gam_s[slot] stores -> arrive full[slot], full_o[slot]
   state:     wait full[slot] (ph); wait o_free[b] (ph ^ 1: output WG done with S_s[b], Vd_s[b] of c - 2)
              S_s[b] = bf16(S); fence.proxy.async; bar.sync(1, 128); arrive s_ready[b]
              U = K S (wgmma); W_s = rows(V - e U); fence; bar.sync(1, 128)
              U = Ag W (wgmma) (= Vd); Vd_s[b] = rows(Vd), Vr_s = rows(r Vd);
              partial chunk: K_s[slot] rows past eos = 0; fence; bar.sync(1, 128); arrive vd_ready[b]
              S = exp(gam_C) S + K^T Vr (wgmma); arrive empty[slot]
-  output:    wait full[slot] (ph); wait s_ready[b] (ph); O = Q S (wgmma); O *= scale e;
+  output:    wait full_o[slot] (ph); wait s_ready[b] (ph); O = Q S (wgmma); O *= scale e;
              store_h: h_out row from S_s[b]; wait vd_ready[b] (ph); O += Pm Vd (wgmma);
              arrive o_free[b]; arrive empty[slot]; whole chunk: wait the last TMA store's reads,
              bar.sync(2, 128), O_s = bf16(O), fence, bar.sync(2, 128), TMA store O_s -> o;
@@ -57,7 +57,7 @@ fresh barrier passes at once):
   (W_s, Vd_s, Vr_s are formed in place on the state's dead accumulator and copied whole, by stmatrix, as
   in chunk_fwd_wy.py since session 13; this kernel, sm90's recurrence at BV = 32 only, passed the GPU suite
   with it but was not timed alone.)
-Barriers (mbarrier arrive counts): full[2] = 128 (producer threads; TMA bytes via expect_tx),
+Barriers (mbarrier arrive counts): full[2] = full_o[2] = 128 (producer threads; TMA bytes via expect_tx),
 empty[2] = 256 (state + output threads), s_ready[2] = vd_ready[2] = 128 (state threads),
 o_free[2] = 128 (output threads). Named barrier 1 (bar.sync 1, 128): the state WG's own smem writes
 before its wgmma reads (3 per chunk); named barrier 2: the output WG's O_s (free, then written) around
@@ -228,6 +228,7 @@ def _chunk_fwd_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: s
             # output warpgroup: O of a whole chunk on its way to the TMA store
             O_s = T.alloc_shared((C, BV), dtype)
             full = T.alloc_barrier([128, 128])
+            full_o = T.alloc_barrier([128, 128])  # Q, Pm (the output's), apart from the chain's K, V, Ag
             empty = T.alloc_barrier([256, 256])
             s_ready = T.alloc_barrier([128, 128])
             vd_ready = T.alloc_barrier([128, 128])
@@ -244,7 +245,7 @@ def _chunk_fwd_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: s
             if tx < 128:
                 T.set_max_nreg(NREG_PRODUCER, 0)
                 R.producer_role(n_pairs, n_run, bos, eos, skip, h, hk, v0, tx, q, k, v, g_cumsum, Ag, Pm, ring0,
-                                ring1, full, empty)
+                                ring1, full, full_o, empty)
             elif tx < 256:
                 T.set_max_nreg(NREG_STATE, 1)
                 R.load_state(S_f, h0, has_h0, n, h, v0)
@@ -258,7 +259,7 @@ def _chunk_fwd_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: s
             else:
                 T.set_max_nreg(NREG_OUTPUT, 1)
                 R.output_role(n_pairs, n_run, bos, eos, skip, n, n_cu, n_tok, h, v0, scale, store_h, chunk_offsets,
-                              h_out, o, ring0, ring1, (S0, D0), (S1, D1), O_f, O_s, full, empty, s_ready,
+                              h_out, o, ring0, ring1, (S0, D0), (S1, D1), O_f, O_s, full_o, empty, s_ready,
                               vd_ready, o_free)
 
     configs = {} if auto_sync else {PassConfigKey.TL_DISABLE_THREAD_STORAGE_SYNC: True}

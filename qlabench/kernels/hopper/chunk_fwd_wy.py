@@ -16,11 +16,25 @@ Per chunk (gam, e, r, Ag, Pm as chunk_fwd_ws.py):
 (Vd = Ag (V - diag(e) K S) = Ag V - Ag diag(e) K S: the same value, other bf16 rounding points: U and W
 are rounded to bf16 instead of V - e K S.)
 
-Roles (512 threads): WG0 producer (TMA K, V, Ag, Q, Pm; gam), WG1 state, WG2 output (as chunk_fwd_ws),
-WG3 wu: wait full[slot]; partial chunk: zero K_s, V_s rows past eos; U = Ag V -> V_s (bf16, in place);
-Ag_s *= e (columns, in place); W = Ag_s K -> W_s[slot] = bf16(-W); fence; arrive wu_ready[slot].
-The state waits wu_ready[slot] instead of full[slot]: acc = U (from V_s), acc += W_s S_s (= Vd).
-Register quotas 40 (producer) + 128 (wu) + 216 (state) + 128 (output) = 512 = 4 x 128.
+Roles (512 threads): WG0 producer (TMA K, V, Ag on full[slot], Q, Pm on full_o[slot]; gam), WG1 state,
+WG2 output (as chunk_fwd_ws), WG3 wu: wait full[slot]; partial chunk: zero K_s, V_s rows past eos;
+Ag diag(-e) into registers (ldmatrix, scaled and rounded to bf16 there); U = Ag V (wgmma from shared) and
+-W = (Ag diag(-e)) K (wgmma with A from registers) issued together, one wait; U -> V_s (bf16, in place),
+-W -> W_s[slot]; fence; arrive wu_ready[slot]. The state waits wu_ready[slot] instead of full[slot]:
+acc = U (from V_s), acc += W_s S_s (= Vd).
+Register quotas 24 (producer) + 144 (wu) + 216 (state) + 128 (output) = 512 = 4 x 128.
+Session 14 (H200, ncu stall samples per role at hk16_hv64 8192x4): the wu warpgroup was the chain's
+bottleneck (waiting on mbarriers 7.5% of its samples, against 34% for the state and 36% for the output);
+~40% of its time went to scaling Ag's columns by e in shared memory (an exp, a load and a store per
+element, a fence and a barrier). On registers, with both products issued before one wait, the same
+values come out (bf16(-Ag e) = -bf16(Ag e)), and the wu then waited 42% of its samples, on full[slot]:
+the ring's loads. Splitting the output's Q, Pm onto full_o[slot] lets the chain start on 32 of the
+slot's 56 KB. Kernel time in the API's forward (us): hk16_hv64 1x32768 1073 -> 947 (registers) -> 909
+(full_o), hk16_hv64 8192x4 1078 -> 923, hk16_hv16 1x32768 (CP) 520 -> 451, hk2_hv8 1x32768 (CP) 296 ->
+265; o / ht errors unchanged. Measured and not kept: an L2 prefetch of chunk c + 2 / c + 3's rows by the
+producer's idle threads (L2 hit rate 46 -> 62%, kernel time within 1%: the loads' latency is not DRAM's);
+K_r = diag(r) K formed by the wu warpgroup in shared memory to take the Vr tile off the state's chain
+(947 -> 1187 us: the wu warpgroup is back on the critical path).
 The C x BV tiles a role hands on (U, -W, Vd, Vr) are formed in place on the role's dead accumulator and
 copied to shared memory whole (stmatrix), not stored element-wise from the fragment layout: the state
 chain issues 8 stmatrix instead of 64 2-byte stores a chunk. Kernel time in the API's forward (session 13):
@@ -39,10 +53,10 @@ from ..common.build import compile_for
 from .chunk_fwd_roles import roles
 
 THREADS = 512  # producer, state, output, wu warpgroups
-NREG_PRODUCER = 40
+NREG_PRODUCER = 24
 NREG_STATE = 216
 NREG_OUTPUT = 128
-NREG_WU = 128
+NREG_WU = 144
 BAR_STATE = 1  # named barrier id of the state warpgroup's internal syncs (0 is __syncthreads)
 BAR_WU = 3  # the wu warpgroup's own shared-memory writes before its wgmma reads
 
@@ -85,7 +99,8 @@ def _chunk_fwd_wy(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: s
     R = roles(C, K, BV, dtype, state_v_first)  # the shared macros (hopper/chunk_fwd_roles.py)
 
     @T.macro
-    def wu_step(slot: int, c, n_run, bos, eos, skip, K_s, V_s, Ag_s, gam_s, W_s, Uw_f, W_f, full, wu_ready, has_h0):
+    def wu_step(slot: int, c, n_run, bos, eos, skip, K_s, V_s, Ag_s, gam_s, W_s, Uw_f, W_f, Age_f, full, wu_ready,
+                has_h0):
         if c < n_run:
             ph = (c // 2) & 1
             t0 = bos + (skip + c) * C
@@ -101,16 +116,16 @@ def _chunk_fwd_wy(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: s
                         V_s[i, j] = T.cast(0, dtype)
                 T.fence_proxy_async()
                 T.sync_threads(BAR_WU, 128)
-            T.gemm(Ag_s, V_s, Uw_f, clear_accum=True)
-            T.sync_threads(BAR_WU, 128)  # every warp's product read V_s, Ag_s
-            T.copy(Uw_f, V_s)
+            # Ag diag(-e) on registers (wgmma's A operand from registers): W's column scaling and sign need no
+            # shared-memory round trip; U = Ag V and -W = Ag diag(-e) K are issued together, one wait
+            T.copy(Ag_s, Age_f)
             for i, j in T.Parallel(C, C):
-                Ag_s[i, j] = T.cast(T.cast(Ag_s[i, j], "float32") * T.exp(gam_s[j]), dtype)
-            T.fence_proxy_async()
-            T.sync_threads(BAR_WU, 128)
-            T.gemm(Ag_s, K_s, W_f, clear_accum=True)
-            for i, d in T.Parallel(C, K):
-                W_f[i, d] = -W_f[i, d]
+                Age_f[i, j] = T.cast(T.cast(Age_f[i, j], "float32") * -T.exp(gam_s[j]), dtype)
+            T.wgmma_gemm(Ag_s, V_s, Uw_f, clear_accum=True)
+            T.wgmma_gemm(Age_f, K_s, W_f, clear_accum=True)
+            T.wait_wgmma(0)
+            T.sync_threads(BAR_WU, 128)  # every warp's product read V_s
+            T.copy(Uw_f, V_s)
             T.copy(W_f, W_s)
             T.fence_proxy_async()
             T.sync_threads(BAR_WU, 128)
@@ -187,6 +202,7 @@ def _chunk_fwd_wy(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: s
             # output warpgroup: O of a whole chunk on its way to the TMA store
             O_s = T.alloc_shared((C, BV), dtype)
             full = T.alloc_barrier([128, 128])
+            full_o = T.alloc_barrier([128, 128])  # Q, Pm (the output's), apart from the chain's K, V, Ag
             wu_ready = T.alloc_barrier([128, 128])
             empty = T.alloc_barrier([256, 256])
             s_ready = T.alloc_barrier([128, 128])
@@ -197,6 +213,7 @@ def _chunk_fwd_wy(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: s
             O_f = T.alloc_fragment((C, BV), "float32")
             Uw_f = T.alloc_fragment((C, BV), "float32")
             W_f = T.alloc_fragment((C, K), "float32")
+            Age_f = T.alloc_fragment((C, C), dtype)  # the wu warpgroup's Ag diag(-e), wgmma's A from registers
 
             tx = T.get_thread_binding()
             ring0, ring1 = (Q0, K0, V0, A0, P0, G0), (Q1, K1, V1, A1, P1, G1)
@@ -206,7 +223,7 @@ def _chunk_fwd_wy(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: s
             if tx < 128:
                 T.set_max_nreg(NREG_PRODUCER, 0)
                 R.producer_role(n_pairs, n_run, bos, eos, skip, h, hk, v0, tx, q, k, v, g_cumsum, Ag, Pm, ring0,
-                                ring1, full, empty)
+                                ring1, full, full_o, empty)
             elif tx < 256:
                 T.set_max_nreg(NREG_STATE, 1)
                 R.load_state(S_f, h0, has_h0, n, h, v0)
@@ -220,12 +237,14 @@ def _chunk_fwd_wy(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: s
             elif tx < 384:
                 T.set_max_nreg(NREG_OUTPUT, 0)
                 R.output_role(n_pairs, n_run, bos, eos, skip, n, n_cu, n_tok, h, v0, scale, store_h, chunk_offsets,
-                              h_out, o, ring0, ring1, (S0, D0), (S1, D1), O_f, O_s, full, empty, s_ready,
+                              h_out, o, ring0, ring1, (S0, D0), (S1, D1), O_f, O_s, full_o, empty, s_ready,
                               vd_ready, o_free)
             else:
+                T.set_max_nreg(NREG_WU, 1)
                 for p in T.serial(n_pairs):
-                    wu_step(0, 2 * p, n_run, bos, eos, skip, K0, V0, A0, G0, W0, Uw_f, W_f, full, wu_ready, has_h0)
-                    wu_step(1, 2 * p + 1, n_run, bos, eos, skip, K1, V1, A1, G1, W1, Uw_f, W_f, full, wu_ready,
+                    wu_step(0, 2 * p, n_run, bos, eos, skip, K0, V0, A0, G0, W0, Uw_f, W_f, Age_f, full, wu_ready,
+                            has_h0)
+                    wu_step(1, 2 * p + 1, n_run, bos, eos, skip, K1, V1, A1, G1, W1, Uw_f, W_f, Age_f, full, wu_ready,
                             has_h0)
 
     configs = {} if auto_sync else {PassConfigKey.TL_DISABLE_THREAD_STORAGE_SYNC: True}
