@@ -15,10 +15,11 @@ the step time of its tile; the host simulates that list schedule (numbers only, 
 and takes the tile with the smaller makespan (32 on a tie). With equal chains this is the wave
 count: BV 32 while its grid fits one wave, 64 from one to two waves. A grid of more than
 ``SIMULATED_WAVES`` waves at BV 32 is throughput-bound and takes 64 without simulating: per state
-column BV 64 is the cheaper step (2.38 / 2 < 1.52 forward, 4.68 / 2 < 3.36 backward).
+column BV 64 is the cheaper step (1.77 / 2 < 1.17 forward, 4.68 / 2 < 3.36 backward).
 
-The step times are H200 measurements (results/h200/NOTES.md, sessions 7-9: kernel time / chunks of
-a one-wave grid, 1x32768).
+The step times are H200 measurements (results/h200/NOTES.md: kernel time / chunks of a one-wave grid,
+1x32768; backward sessions 7-9; forward session 14 at f5b2dff, chunk_fwd_wy 907 us / 512 chunks at
+hk16_hv64, chunk_fwd_ws 597 / 512 at hk16_hv32, was 2.38 and 1.52: no h200-fwd row changes its tile).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import heapq
 from collections.abc import Sequence
 
 # us per chunk step of one block, by V tile
-FORWARD_STEP_US = {32: 1.52, 64: 2.38}  # chunk_fwd_ws, chunk_fwd_wy
+FORWARD_STEP_US = {32: 1.17, 64: 1.77}  # chunk_fwd_ws, chunk_fwd_wy
 BACKWARD_STEP_US = {32: 1.70 + 1.66, 64: 1.94 + 2.74}  # bwd_h_ws + bwd_dh_ws (one tile serves both)
 SIMULATED_WAVES = 16
 

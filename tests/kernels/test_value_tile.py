@@ -40,7 +40,7 @@ def test_backward_tiles(chunks, h_v, want):
 
 
 def test_forward_and_backward_differ_where_the_step_ratio_decides():
-    # 96 equal chains: three waves at BV 32 against two at BV 64; the forward's step ratio (2.38 / 1.52)
+    # 96 equal chains: three waves at BV 32 against two at BV 64; the forward's step ratio (1.77 / 1.17)
     # is above 3 / 2, the backward's (4.68 / 3.36) below
     assert value_tile([128] * 4, 24, 132, FORWARD_STEP_US) == 32
     assert value_tile([128] * 4, 24, 132, BACKWARD_STEP_US) == 64
