@@ -78,7 +78,7 @@ K^T Vr 128xBVx64; output WG Q S 64xBVx128, Pm Vd 64xBVx64.
 
 Shared memory, from the allocations (bf16 = 2 bytes; C = 64, K = 128):
     ring (2 slots): Q, K 2 x 2 x 16 KB, V 2 x C BV 2, Ag, Pm 2 x 2 x 8 KB, gam 2 x 256 B
-    S_s 2 x K BV 2, Vd_s 2 x C BV 2, W_s, Vr_s, O_s C BV 2 each, 10 mbarriers
+    S_s 2 x K BV 2, Vd_s 2 x C BV 2, W_s, Vr_s, O_s C BV 2 each, 12 mbarriers
   BV = 64: 64 + 16 + 32 + 0.5 + 32 + 16 + 24 = 184.5 KB (+ barriers)
   BV = 32: 64 +  8 + 32 + 0.5 + 16 +  8 + 12 = 140.5 KB
   (``shared_memory_bytes``; tests/kernels/test_chunk_fwd_ws_compile.py checks it against the launch's
