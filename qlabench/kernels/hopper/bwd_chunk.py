@@ -36,9 +36,14 @@ row stays within a quad of lanes); dbeta's column term colsum(Y) takes 4 threads
 shuffles; sum(dS .* S0) is a tree reduction (common/bwd_state.sv_rows).
 
 Grid: (NCmax chunks, H_qk); blocks of the chunk table's unused rows do nothing. Threads: 256.
-Before the loops, all threads load the chunk's Q and K rows (the qk-head's, shared by the group).
+Loads are TMA boxes of whole C-row tiles (one elected thread issues them; mbarriers ld_qk, ld[0..2]): rows
+past a partial chunk's end hold the next sequence's tokens, so the threads zero them (zero only on the
+chunk table's last chunk of a sequence) before any product reads them; rows past the tensor arrive as zeros.
+Before the loops, the chunk's Q and K rows (the qk-head's, shared by the group).
 Per v-head, each warpgroup w runs (named barriers at 256 threads between the steps, ids BAR_*):
-  * loads: its half of the rows of V, dO, dV', dv, A, gam, beta, and of the states S0, dS;
+  * loads: after BAR_TOP warpgroup 0 issues the v-head's tiles in the order of first use, ld[0] = S0, V,
+    A, dv; ld[1] = dV', dO (waited for only after V' = Ag W); ld[2] = dS (warpgroup 1 waits before
+    V' dS^T); each warpgroup loads its half of gam, beta (element-wise) and waits on ld[0];
   * Ag rows of its half; U = K S0 on its half of the V columns (64x64x128), dgam's e-term partial,
     W = V - diag(e) U and dU = -diag(e) dv on those columns; then V' = Ag W on them (64x64x64);
   * the C x C products on its half of the columns: dAb = dV' W^T, dPg = dO V'^T (64x32x128), P = Q K^T
@@ -53,10 +58,13 @@ Per v-head, each warpgroup w runs (named barriers at 256 threads between the ste
   After the loops each warpgroup stores its sum once in the inputs' dtype.
 Shared memory (bf16 unless said): Q, K, V (then W; after the C x C products T1 in its first 64 columns
 and dAs in its last 64), dO, dV', dv (then dU), V' 7 x 16 KB; S0, dS 2 x 32 KB; A, Ag (then dA), dP
-3 x 8 KB; F (fp32 C x C: Y, then X, then dM) 16 KB; 11 fp32 C-vectors: 219 KB. Every buffer keeps its
+3 x 8 KB; F (fp32 C x C: Y, then X, then dM) 16 KB; 11 fp32 C-vectors; 4 mbarriers: 219 KB. Every buffer keeps its
 own bytes (TileLang's default merge; no liveness-based overlap between the concurrent branches,
 tests/kernels/test_bwd_chunk_compile.py checks the compiled offsets). Registers (ptxas, sm_90a): 255,
 no spills.
+H200, TMA loads in three stages against the element-wise loads of every thread before any product
+(results/h200/2026-12-02_s15/bwd-split.log, same call): hk16_hv16 1x32768 1245 vs 1351 us, hk16_hv64 1x32768
+3737 vs 4453, hk2_hv8 1x32768 (CP) 519 vs 592; gradients' errors against float64 unchanged.
 H200, bwd_chunk alone, us: under GQA against the lockstep tail it replaced (both warpgroups on every
 GEMM, the group sums in the registers of both; results/h200/2026-12-01_s12/bwd-gqa-ab.log) hk16_hv64
 1x32768 4487 vs 4979, hk2_hv8 1x32768 (CP) 598 vs 656, hk16_hv32 1x16384 1265 vs 1352; with one v-head
@@ -90,40 +98,53 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
     group = h_v // h_qk
     HV = V // 2  # a warpgroup's columns of a C x V product
     HC = C // 2  # a warpgroup's columns of a C x C product, and its rows of the chunk loads
-    HK = K // 2  # a warpgroup's rows of the K x V states
     n_tok = T.dynamic("n_tok")
     n_chunks = T.dynamic("n_chunks")
     n_hc = T.dynamic("n_hc")
 
     @T.macro
-    def load_half(w: int, v, do, dvp, dv, A, h, dh, g_cumsum, beta, V_s, dO_s, dVp_s, dv_s, A_s, S0_s, dS_s,
-                  gam_s, beta_s, c, t0, end, hv):
-        """Warpgroup w's half of the v-head's rows (zero past the chunk end) and state rows."""
-        for i, j in T.Parallel(HC, V):
-            V_s[w * HC + i, j] = T.if_then_else(t0 + w * HC + i < end, v[t0 + w * HC + i, hv, j], T.cast(0, dtype))
-            dO_s[w * HC + i, j] = T.if_then_else(t0 + w * HC + i < end, do[t0 + w * HC + i, hv, j],
-                                                 T.cast(0, dtype))
-            dVp_s[w * HC + i, j] = T.if_then_else(t0 + w * HC + i < end, dvp[t0 + w * HC + i, hv, j],
-                                                  T.cast(0, dtype))
-            dv_s[w * HC + i, j] = T.if_then_else(t0 + w * HC + i < end, dv[t0 + w * HC + i, hv, j], T.cast(0, dtype))
-        for i, j in T.Parallel(HC, C):
-            A_s[w * HC + i, j] = T.if_then_else(t0 + w * HC + i < end, A[t0 + w * HC + i, hv, j], T.cast(0, dtype))
-        for i, j in T.Parallel(HK, V):
-            S0_s[w * HK + i, j] = h[c, hv, w * HK + i, j]
-            dS_s[w * HK + i, j] = dh[c, hv, w * HK + i, j]
+    def issue_loads(v, do, dvp, dv, A, h, dh, V_s, dO_s, dVp_s, dv_s, A_s, S0_s, dS_s, ld, c, t0, hv):
+        """The v-head's tiles by TMA (one elected thread of the calling warpgroup), in the order of their
+        first use: ld[0] S0, V, A, dv (U, W, dU, Ag); ld[1] dV', dO (after V'); ld[2] dS (warpgroup 1 only).
+        Whole C-row boxes: rows past the chunk end hold the next sequence's tokens (zeroed by zero_tail)
+        or lie past the tensor (TMA fills zeros)."""
+        T.tma_copy(h[c, hv, :, :], S0_s, barrier=ld[0])
+        T.tma_copy(v[t0:t0 + C, hv, :], V_s, barrier=ld[0])
+        T.tma_copy(A[t0:t0 + C, hv, :], A_s, barrier=ld[0])
+        T.tma_copy(dv[t0:t0 + C, hv, :], dv_s, barrier=ld[0])
+        T.tma_copy(dvp[t0:t0 + C, hv, :], dVp_s, barrier=ld[1])
+        T.tma_copy(do[t0:t0 + C, hv, :], dO_s, barrier=ld[1])
+        T.tma_copy(dh[c, hv, :, :], dS_s, barrier=ld[2])
+        T.mbarrier_arrive(ld[0])
+        T.mbarrier_arrive(ld[1])
+        T.mbarrier_arrive(ld[2])
+
+    @T.macro
+    def load_scalars(w: int, g_cumsum, beta, gam_s, beta_s, t0, end, hv):
+        """Warpgroup w's half of the chunk's gate cumsum (last real value repeated) and beta (zero past the end)."""
         for i in T.Parallel(HC):
             gam_s[w * HC + i] = g_cumsum[T.min(t0 + w * HC + i, end - 1), hv]
             beta_s[w * HC + i] = T.if_then_else(t0 + w * HC + i < end, beta[t0 + w * HC + i, hv], 0.0)
 
     @T.macro
-    def shared_part(w: int, lt, v, do, dvp, dv, A, h, dh, g_cumsum, beta, Q_s, K_s, V_s, dO_s, dVp_s, dv_s, Vp_s,
+    def shared_part(w: int, lt, g, ld, v, do, dvp, dv, A, h, dh, g_cumsum, beta, Q_s, K_s, V_s, dO_s, dVp_s, dv_s, Vp_s,
                     A_s, Ag_s, S0_s, dS_s, dP_s, F_s, gam_s, beta_s, dgu_s, dbc_s, U_f, prod_f, red_f, cc_f, dpg_f,
                     p_f, x_f, gam_last: T.Ref, colsum: T.Ref, c, t0, end, hv, scale):
         """Warpgroup w's half of everything both branches need (the header's first three steps)."""
+        T.fence_proxy_async()  # this thread's generic writes of the last v-head before the next TMA writes
         T.sync_threads(BAR_TOP, 256)
-        load_half(w, v, do, dvp, dv, A, h, dh, g_cumsum, beta, V_s, dO_s, dVp_s, dv_s, A_s, S0_s, dS_s, gam_s,
-                  beta_s, c, t0, end, hv)
-        T.fence_proxy_async()
+        if w == 0:
+            issue_loads(v, do, dvp, dv, A, h, dh, V_s, dO_s, dVp_s, dv_s, A_s, S0_s, dS_s, ld, c, t0, hv)
+        load_scalars(w, g_cumsum, beta, gam_s, beta_s, t0, end, hv)
+        T.mbarrier_wait_parity(ld[0], g & 1)
+        if end - t0 < C:  # a partial chunk: the rows past its end this warpgroup reads before BAR_W
+            for i, j in T.Parallel(C, HV):
+                if t0 + i >= end:
+                    V_s[i, w * HV + j] = T.cast(0, dtype)
+                    dv_s[i, w * HV + j] = T.cast(0, dtype)
+            for i, j in T.Parallel(HC, C):
+                if t0 + w * HC + i >= end:
+                    A_s[w * HC + i, j] = T.cast(0, dtype)
         T.sync_threads(BAR_LOADED, 256)
         gam_last = gam_s[C - 1]  # noqa: F841 (a store into the caller's T.alloc_var)
         for i, j in T.Parallel(HC, C):  # Ag = Gam .* A .* beta_col, this warpgroup's rows
@@ -145,6 +166,12 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
         T.gemm(Ag_s, V_s[:, w * HV:(w + 1) * HV], U_f, clear_accum=True)
         for i, j in T.Parallel(C, HV):
             Vp_s[i, w * HV + j] = T.cast(U_f[i, j], dtype)
+        T.mbarrier_wait_parity(ld[1], g & 1)
+        if end - t0 < C:
+            for i, j in T.Parallel(HC, V):
+                if t0 + w * HC + i >= end:
+                    dVp_s[w * HC + i, j] = T.cast(0, dtype)
+                    dO_s[w * HC + i, j] = T.cast(0, dtype)
         T.fence_proxy_async()
         T.sync_threads(BAR_VP, 256)
         # this half's columns of dAb = Gam .* dV' W^T, dPg = dO V'^T and P = Q K^T
@@ -223,6 +250,8 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
             dgm_s = T.alloc_shared((C,), "float32")
             dbc_s = T.alloc_shared((C,), "float32")
             dbr_s = T.alloc_shared((C,), "float32")
+            ld_qk = T.alloc_barrier([256])  # Q, K rows (TMA, once per block)
+            ld = T.alloc_barrier([128, 128, 128])  # a v-head's tiles in three stages (issue_loads)
             # warpgroup 0
             U0 = T.alloc_fragment((C, HV), "float32")  # U, then V'
             prod0 = T.alloc_fragment((C, HV), "float32")
@@ -263,16 +292,22 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
             end = chunk_bounds[c, 1]
 
             if t0 < end:
-                for i, d in T.Parallel(C, K):
-                    Q_s[i, d] = T.if_then_else(t0 + i < end, q[t0 + i, hk, d], T.cast(0, dtype))
-                    K_s[i, d] = T.if_then_else(t0 + i < end, k[t0 + i, hk, d], T.cast(0, dtype))
+                T.tma_copy(q[t0:t0 + C, hk, :], Q_s, barrier=ld_qk[0])
+                T.tma_copy(k[t0:t0 + C, hk, :], K_s, barrier=ld_qk[0])
+                T.mbarrier_arrive(ld_qk[0])
+                T.mbarrier_wait_parity(ld_qk[0], 0)
+                if end - t0 < C:
+                    for i, d in T.Parallel(C, K):
+                        if t0 + i >= end:
+                            Q_s[i, d] = T.cast(0, dtype)
+                            K_s[i, d] = T.cast(0, dtype)
                 T.fence_proxy_async()
                 T.sync_threads()
                 if tx < 128:
                     T.clear(dq_f)
                     for g in T.serial(group):
                         hv = hk * group + g
-                        shared_part(0, tx, v, do, dvp, dv, A, h, dh, g_cumsum, beta, Q_s, K_s, V_s, dO_s, dVp_s,
+                        shared_part(0, tx, g, ld, v, do, dvp, dv, A, h, dh, g_cumsum, beta, Q_s, K_s, V_s, dO_s, dVp_s,
                                     dv_s, Vp_s, A_s, Ag_s, S0_s, dS_s, dP_s, F_s, gam_s, beta_s, dgu_s, dbc_s, U0,
                                     prod0, red0, cc0, dpg0, p0, x0, gam_last0, colsum0, c, t0, end, hv, scale)
                         # dgam's mask term rowsum(X) - colsum(X)
@@ -307,10 +342,11 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
                     T.clear(dk_f)
                     for g in T.serial(group):
                         hv = hk * group + g
-                        shared_part(1, tx - 128, v, do, dvp, dv, A, h, dh, g_cumsum, beta, Q_s, K_s, V_s, dO_s,
+                        shared_part(1, tx - 128, g, ld, v, do, dvp, dv, A, h, dh, g_cumsum, beta, Q_s, K_s, V_s, dO_s,
                                     dVp_s, dv_s, Vp_s, A_s, Ag_s, S0_s, dS_s, dP_s, F_s, gam_s, beta_s, dgu_s, dbc_s,
                                     U1, prod1, red1, cc1, dpg1, p1, x1, gam_last1, colsum1, c, t0, end, hv, scale)
                         # dk += r .* (V' dS^T) + dU S0^T + dP^T Q, with the r-terms of dgam
+                        T.mbarrier_wait_parity(ld[2], g & 1)
                         T.gemm(Vp_s, dS_s, acc1, transpose_B=True, clear_accum=True)
                         for i, j in T.Parallel(C, K):
                             dk_f[i, j] = dk_f[i, j] + T.exp(gam_last1 - gam_s[i]) * acc1[i, j]
