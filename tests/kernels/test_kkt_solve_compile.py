@@ -34,6 +34,10 @@ def test_tiles_move_whole_and_five_blocks_fit(store_a):
     # X = 0 as 16-byte fills, L copied from the fragment as 8-byte pieces
     assert re.search(r"\*\(float4\*\)\(\(\(float\*\)X_s\)", src)
     assert re.search(r"\*\(float2\*\)\(\(\(float\*\)L_s\)", src)
+    # K, Q as TMA boxes on one mbarrier (the aggressive merge keeps the buffers overlapped by lifetime, as
+    # the default merge did before the loads became asynchronous)
+    assert re.search(r"tma_load\(k_desc, ld\[0\], \(&\(\(\(bfloat16_t\*\)K_s\)", src)
+    assert re.search(r"tma_load\(q_desc, ld\[0\], \(&\(\(\(bfloat16_t\*\)Q_s\)", src)
 
 
 def test_bwd_prepare_masks_leave_registers_whole():

@@ -43,6 +43,13 @@ Grid: (NCmax chunks, H_v); blocks past the real chunk count exit. Threads: 128 (
     the kernel's sectors excess in ncu); staged, 300 vs 336 us at 1x32768 hk16_hv16, 1122 vs 1272 at
     hk16_hv64 (H200, session 7). The stage tiles take the place of dead buffers (TileLang overlaps
     them by lifetime): the shared memory per block is unchanged.
+  * K, Q arrive as TMA boxes of C rows on one mbarrier while the threads load beta and gam; a partial
+    chunk's rows past its end are zeroed after they land (the next sequence's tokens or the padding tail:
+    NaN there would reach the chunk's rows through the merge products). With the asynchronous loads
+    TileLang's default merge no longer overlaps buffers by lifetime (86 KB, two blocks per SM), so the
+    kernel is compiled with the aggressive merge, which gives back the element-wise version's layout.
+    H200, the API's forward (no A; results/h200/2026-12-02_s15/fwd-split-kkt.log): 681 -> 650 us at hk16_hv64
+    1x32768, 182 -> 173 at hk16_hv16 (CP), 91 -> 88 at hk2_hv8 (CP), 349 -> 335 at hk16_hv32.
 Shared memory: Q, K 64x128 bf16 (32 KB) + L and X 64x64 fp32 (32 KB) + product scratch 32x32 fp32
 (4 KB) + beta, gam: ~69 KB declared; TileLang overlaps buffers by lifetime (37 KB per block as compiled
 before the tensor-core merge, ncu).
@@ -52,10 +59,11 @@ common/kkt_solve.py, shared with blackwell/kkt_solve.py.
 
 import functools
 
+import tilelang
 import tilelang.language as T
 
 from ..common.build import compile_for
-from ..common.kkt_solve import build_l, load_chunk, store_a_ag, store_pm
+from ..common.kkt_solve import build_l, store_a_ag, store_pm
 from ..common.smem_layout import swizzled
 from ..common.tri_inverse import invert_diag_blocks, merge_32_to_64, merge_pairs
 
@@ -69,6 +77,27 @@ def kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str,
         raise ValueError(f"kkt_solve supports chunk sizes 32 and 64, got {C}")
     n_tok = T.dynamic("n_tok")
     n_chunks = T.dynamic("n_chunks")
+
+    @T.macro
+    def load_chunk(q, k, g_cumsum, beta, K_s, Q_s, b_s, gam_s, ld, start, end, by, hk):
+        """K, Q rows of the chunk as TMA boxes of C rows (one elected thread; rows past a partial chunk's end,
+        the next sequence's tokens or the padding tail, are zeroed after they land: NaN there would reach
+        the chunk's own rows through the inverse's merge products), beta (zero past the end) and gam (last
+        row repeated) element-wise while the boxes fly."""
+        T.tma_copy(k[start:start + C, hk, :], K_s, barrier=ld[0])
+        T.tma_copy(q[start:start + C, hk, :], Q_s, barrier=ld[0])
+        T.mbarrier_arrive(ld[0])
+        for i in T.Parallel(C):
+            b_s[i] = T.if_then_else(start + i < end, beta[start + i, by], 0.0)
+            gam_s[i] = g_cumsum[T.min(start + i, end - 1), by]
+        T.mbarrier_wait_parity(ld[0], 0)
+        if end - start < C:
+            for i, d in T.Parallel(C, K):
+                if start + i >= end:
+                    K_s[i, d] = T.cast(0, dtype)
+                    Q_s[i, d] = T.cast(0, dtype)
+        T.fence_proxy_async()
+        T.sync_threads()
 
     @T.prim_func
     def kkt_solve(
@@ -97,13 +126,14 @@ def kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str,
             A_s = T.alloc_shared((C, C), dtype)
             Ag_s = T.alloc_shared((C, C), dtype)
             x_col = T.alloc_local((DIAG,), "float32")  # invert_diag_blocks' column of X
+            ld = T.alloc_barrier([THREADS])  # the K, Q boxes
             tx = T.get_thread_binding()
             T.annotate_layout(swizzled(Pm_s, A_s, Ag_s))  # stage tiles written by stmatrix
             start = chunk_bounds[c, 0]
             end = chunk_bounds[c, 1]
             hk = h // group
             if end > start:
-                load_chunk(q, k, g_cumsum, beta, K_s, Q_s, b_s, gam_s, start, end, h, hk, C, K, dtype)
+                load_chunk(q, k, g_cumsum, beta, K_s, Q_s, b_s, gam_s, ld, start, end, h, hk)
                 # Q K^T and its mask first, so that only one C x C fp32 fragment is live at a time
                 T.gemm(Q_s, K_s, qkt, transpose_B=True, clear_accum=True)
                 store_pm(qkt, gam_s, Pm_s, Pm, scale, start, end, h, C, dtype)
@@ -117,4 +147,4 @@ def kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str,
                     merge_32_to_64(L_s, X_s, M_s, M_f, C)
                 store_a_ag(X_s, gam_s, b_s, qkt, A_s, Ag_s, A, Ag, start, end, h, C, dtype, store_a)
 
-    return compile_for(kkt_solve, arch)
+    return compile_for(kkt_solve, arch, {tilelang.PassConfigKey.TL_ENABLE_AGGRESSIVE_SHARED_MEMORY_MERGE: True})
