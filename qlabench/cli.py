@@ -457,9 +457,10 @@ def report_cmd(results, fmt, subject, peers, phases, plots_dir, out_file) -> Non
             rel = os.path.relpath(plots_dir, os.path.dirname(os.path.abspath(out_file)) or ".")
             made = {k: [os.path.normpath(os.path.join(rel, f)) for f in v] for k, v in made.items()}
         text = render(rep, fmt, plots=made if fmt == "md" else None)
-        if out_file:
-            with open(out_file, "w") as fh:
-                fh.write(text)
+        if out_file:  # atomically, creating a missing folder (as run --out does)
+            from qlabench.results import write_atomic
+
+            write_atomic(out_file, text)
     except (ValueError, TypeError) as exc:  # ResultsError is a ValueError
         _setup_error(f"report: {exc}")
     except OSError as exc:

@@ -171,15 +171,15 @@ def make_row(**fields) -> dict:
     return row
 
 
-def save(results: dict, path) -> Path:
-    """Writes ``results`` to ``path`` atomically (temp file in the same folder + os.replace)."""
+def write_atomic(path, text: str) -> Path:
+    """Writes ``text`` to ``path`` atomically (temp file in the same folder, fsync, os.replace), creating the
+    folder if it is missing: a reader sees the old file or the new one, never a part."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(as_stored(results), f, indent=1, allow_nan=False, default=_jsonable)
-            f.write("\n")
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -187,6 +187,11 @@ def save(results: dict, path) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def save(results: dict, path) -> Path:
+    """Writes ``results`` to ``path`` atomically (write_atomic)."""
+    return write_atomic(path, json.dumps(as_stored(results), indent=1, allow_nan=False, default=_jsonable) + "\n")
 
 
 class OutputLock:

@@ -397,15 +397,10 @@ def cache_dirs() -> dict:
 
 
 def save(path: Path, rows: list[dict], meta: dict) -> None:
-    """``{"schema": "qlabench.warm/1", **meta, "tasks": rows}`` written atomically (temp + rename)."""
-    path = Path(path)
-    if path.parent and not path.parent.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with tmp.open("w") as fh:
-        json.dump({"schema": SCHEMA, **meta, "tasks": rows}, fh, indent=1)
-        fh.write("\n")
-    os.replace(tmp, path)
+    """``{"schema": "qlabench.warm/1", **meta, "tasks": rows}`` written atomically (results.write_atomic)."""
+    from .results import write_atomic
+
+    write_atomic(path, json.dumps({"schema": SCHEMA, **meta, "tasks": rows}, indent=1) + "\n")
 
 
 def meta_block(opts: WarmOptions, jobs: int, timeout_s: float | None, n_tasks: int, wall_s: float) -> dict:

@@ -163,7 +163,10 @@ def test_report_refuses_to_overwrite_its_input(tmp_path, base):
     plots.mkdir()
     report_md = _write(plots / "REPORT.md", make_results(_rows()))
     _one_line_error(_invoke("report", report_md, "--plots", plots, "--format", "md"), 2, "refusing to overwrite")
+    # a missing folder is created (as run --out does); a path through a file is a one-line error
     res = _invoke("report", base, "--out", tmp_path / "nodir" / "r.md")
+    assert res.exit_code == 0 and (tmp_path / "nodir" / "r.md").read_text().strip(), res.output
+    res = _invoke("report", base, "--out", base.parent / base.name / "r.md")
     _one_line_error(res, 2, "report: cannot write")
 
 
