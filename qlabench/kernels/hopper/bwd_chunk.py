@@ -81,6 +81,7 @@ import tilelang.language as T
 from ..common.build import compile_for
 from ..common.bwd_intra import wy_inverse_grad
 from ..common.bwd_state import kt1_terms, sv_rows
+from ..common.tma_rows import zero_rows_past_end
 
 # named barriers (0-4 are TileLang's own)
 BAR_TOP = 5  # both warpgroups finished the previous v-head: its buffers may be overwritten
@@ -296,11 +297,7 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
                 T.tma_copy(k[t0:t0 + C, hk, :], K_s, barrier=ld_qk[0])
                 T.mbarrier_arrive(ld_qk[0])
                 T.mbarrier_wait_parity(ld_qk[0], 0)
-                if end - t0 < C:
-                    for i, d in T.Parallel(C, K):
-                        if t0 + i >= end:
-                            Q_s[i, d] = T.cast(0, dtype)
-                            K_s[i, d] = T.cast(0, dtype)
+                zero_rows_past_end(Q_s, K_s, t0, end, C, K, dtype)
                 T.fence_proxy_async()
                 T.sync_threads()
                 if tx < 128:

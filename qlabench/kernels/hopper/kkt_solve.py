@@ -65,6 +65,7 @@ import tilelang.language as T
 from ..common.build import compile_for
 from ..common.kkt_solve import build_l, store_a_ag, store_pm
 from ..common.smem_layout import swizzled
+from ..common.tma_rows import zero_rows_past_end
 from ..common.tri_inverse import invert_diag_blocks, merge_32_to_64, merge_pairs
 
 
@@ -91,11 +92,7 @@ def kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str,
             b_s[i] = T.if_then_else(start + i < end, beta[start + i, by], 0.0)
             gam_s[i] = g_cumsum[T.min(start + i, end - 1), by]
         T.mbarrier_wait_parity(ld[0], 0)
-        if end - start < C:
-            for i, d in T.Parallel(C, K):
-                if start + i >= end:
-                    K_s[i, d] = T.cast(0, dtype)
-                    Q_s[i, d] = T.cast(0, dtype)
+        zero_rows_past_end(Q_s, K_s, start, end, C, K, dtype)
         T.fence_proxy_async()
         T.sync_threads()
 
