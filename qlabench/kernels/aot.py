@@ -58,7 +58,7 @@ def forward_kernels(h_qk: int, h_v: int, arch: str, dtype: str = "bfloat16",
     jobs = [
         ("chunk_local_cumsum", f"H={h_v} C={C}", lambda: chunk_local_cumsum_kernel(h_v, C, False, a.name)),
         ("kkt_solve", f"hk{h_qk}_hv{h_v} {dtype}", lambda: kkt_solve_kernel(h_qk, h_v, HEAD_DIM, C, dtype, a.name)),
-        # without A: a forward no backward follows (kkt_outputs)
+        # without A: a forward no backward follows (forward.solve_chunks)
         ("kkt_solve", f"hk{h_qk}_hv{h_v} {dtype} no A",
          lambda: kkt_solve_kernel(h_qk, h_v, HEAD_DIM, C, dtype, a.name, False)),
         # the CP correction chain (forward and backward CP) and the CP forward's warm-up tables

@@ -59,9 +59,8 @@ def chunk_gated_delta_rule_fwd(
     table = chunk_table(cu_seqlens, p.seq_bounds, p.B, p.T, C, dev)
 
     g_cumsum = chunk_local_cumsum(g2, table, C, arch.name)
-    A, Ag, Pm = kkt_outputs(BT, p.h_v, C, q.dtype, dev, keep_a)
     kkt_kernel = kernel_factory(arch, "kkt_solve")(p.h_qk, p.h_v, p.K, C, dtype, arch.name, keep_a)
-    kkt_kernel(q2, k2, g_cumsum, beta2, table.chunk_bounds, Ag if A is None else A, Ag, Pm, p.scale)
+    A, Ag, Pm = solve_chunks(kkt_kernel, q2, k2, g_cumsum, beta2, table.chunk_bounds, C, p.scale, keep_a)
 
     state = (p.h_v, p.V, p.K) if state_v_first else (p.h_v, p.K, p.V)
     has_h0 = initial_state is not None
@@ -87,11 +86,15 @@ def chunk_gated_delta_rule_fwd(
     )
 
 
-def kkt_outputs(n_tok: int, h_v: int, C: int, dtype, device, keep_a: bool):
-    """kkt_solve's outputs A (None unless ``keep_a``: the kernel then gets Ag in A's place and, compiled
-    with store_a False, never writes it), Ag, Pm: `[n_tok, H_v, C]` each."""
-    A = torch.empty(n_tok, h_v, C, dtype=dtype, device=device) if keep_a else None
-    return (A,) + tuple(torch.empty(n_tok, h_v, C, dtype=dtype, device=device) for _ in range(2))
+def solve_chunks(kkt_kernel, q2, k2, g_cumsum, beta2, chunk_bounds, C: int, scale: float, keep_a: bool):
+    """Runs kkt_solve over every chunk and returns its outputs A, Ag, Pm (`[n_tok, H_v, C]` each, q's dtype).
+    A is None unless ``keep_a``: the kernel then gets Ag in A's place and, compiled with store_a False, never
+    writes it (a forward no backward follows)."""
+    n_tok, h_v = beta2.shape
+    A, Ag, Pm = (torch.empty(n_tok, h_v, C, dtype=q2.dtype, device=q2.device) if keep else None
+                 for keep in (keep_a, True, True))
+    kkt_kernel(q2, k2, g_cumsum, beta2, chunk_bounds, Ag if A is None else A, Ag, Pm, scale)
+    return A, Ag, Pm
 
 
 _RECURRENCE_ROLES = {

@@ -8,7 +8,7 @@ Formulas (gam = in-chunk cumsum of g, Gam[i, j] = exp(gam_i - gam_j) for j <= i 
 Ag and Pm depend only on the chunk, not on the state, so computing them here (all chunks in
 parallel, once per v-head) keeps them off the serial chunk recurrence, which only reads them.
 Rows past the sequence end are not written. Compiled with store_a False (a forward no backward
-follows: forward.kkt_outputs), A is not written at all: only the backward reads it.
+follows: forward.solve_chunks), A is not written at all: only the backward reads it.
 
 Grid: (NCmax chunks, H_v); blocks past the real chunk count exit. Threads: 128 (one warpgroup).
   * K K^T on tensor cores (wgmma 64x64x128, fp32 accumulate); rows past the chunk end are zero.
