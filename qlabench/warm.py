@@ -48,6 +48,7 @@ from .backends import Backend
 from .config import Case, Preset
 from .envinfo import utc_now
 from .procs import become_worker, kill_process_group, spawn
+from .results import write_atomic
 from .workload import Pattern, parse_pattern
 
 SCHEMA = "qlabench.warm/1"
@@ -398,8 +399,6 @@ def cache_dirs() -> dict:
 
 def save(path: Path, rows: list[dict], meta: dict) -> None:
     """``{"schema": "qlabench.warm/1", **meta, "tasks": rows}`` written atomically (results.write_atomic)."""
-    from .results import write_atomic
-
     write_atomic(path, json.dumps({"schema": SCHEMA, **meta, "tasks": rows}, indent=1) + "\n")
 
 

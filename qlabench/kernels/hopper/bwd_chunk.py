@@ -107,7 +107,7 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
     def issue_loads(v, do, dvp, dv, A, h, dh, V_s, dO_s, dVp_s, dv_s, A_s, S0_s, dS_s, ld, c, t0, hv):
         """The v-head's tiles by TMA (one elected thread of the calling warpgroup), in the order of their
         first use: ld[0] S0, V, A, dv (U, W, dU, Ag); ld[1] dV', dO (after V'); ld[2] dS (warpgroup 1 only).
-        Whole C-row boxes: rows past the chunk end hold the next sequence's tokens (zeroed by zero_tail)
+        Whole C-row boxes: rows past the chunk end hold the next sequence's tokens (shared_part zeroes them)
         or lie past the tensor (TMA fills zeros)."""
         T.tma_copy(h[c, hv, :, :], S0_s, barrier=ld[0])
         T.tma_copy(v[t0:t0 + C, hv, :], V_s, barrier=ld[0])

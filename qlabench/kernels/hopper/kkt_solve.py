@@ -53,8 +53,8 @@ Grid: (NCmax chunks, H_v); blocks past the real chunk count exit. Threads: 128 (
 Shared memory: Q, K 64x128 bf16 (32 KB) + L and X 64x64 fp32 (32 KB) + product scratch 32x32 fp32
 (4 KB) + beta, gam: ~69 KB declared; TileLang overlaps buffers by lifetime (37 KB per block as compiled
 before the tensor-core merge, ncu).
-The loads and elementwise steps around the products and the inverse are TileLang macros in
-common/kkt_solve.py, shared with blackwell/kkt_solve.py.
+The elementwise steps around the products and the inverse are TileLang macros in common/kkt_solve.py,
+shared with blackwell/kkt_solve.py (which keeps common's element-wise load_chunk; this file loads by TMA).
 """
 
 import functools
