@@ -48,10 +48,11 @@ def test_concurrent_branches_share_no_shared_memory(h_qk, h_v):
     assert "__named_barrier_arrive(10, 256)" in src and "__sync_thread_partial(10, 256)" in src
     for bar in (5, 6, 7, 8, 9):
         assert src.count(f"__sync_thread_partial({bar}, 256)") == 2, bar
-    # loads: TMA boxes (Q, K once per block; S0, V, A, dv / dV', dO / dS per v-head on three mbarriers),
+    # loads: TMA boxes (Q, K once per block; S0 / V, A, dv / dV', dO / dS per v-head on four mbarriers),
     # issued by one elected thread, none element-wise from global memory into these tiles
     for tile, desc in (("Q_s", "q"), ("K_s", "k"), ("S0_s", "h"), ("V_s", "v"), ("A_s", "A"), ("dv_s", "dv"),
                        ("dVp_s", "dvp"), ("dO_s", "do"), ("dS_s", "dh")):
         assert re.search(rf"tma_load\({desc}_desc, (ld|ld_qk)\[\d\], \(&\(\(\(bfloat16_t\*\){tile}\)", src), tile
-    waits = re.findall(r"ld\[(\d)\]\.wait\(", src)  # both warpgroups wait on stages 0, 1; only the dk one on dS
-    assert sorted(waits) == ["0", "0", "1", "1", "2"], waits
+    waits = re.findall(r"ld\[(\d)\]\.wait\(", src)  # both warpgroups wait on S0, V / A / dv, dV' / dO; the dk one on dS
+    assert sorted(waits) == ["0", "0", "1", "1", "2", "3", "3"], waits
+    assert re.search(r"tma_load\(h_desc, ld\[0\]", src)  # S0 alone first: U = K S0 runs while the rest lands

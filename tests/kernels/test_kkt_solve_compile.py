@@ -48,3 +48,7 @@ def test_bwd_prepare_masks_leave_registers_whole():
     assert src.count("ptx_stmatrix") == 2
     assert not re.search(r"\(\(bfloat16_t\*\)(Pg_s|Ag_s)\)\[[^\]]*\] = ", src)
     assert "tma_store(Pg_out_desc" in src and "tma_store(Ag_out_desc" in src
+    # one block per (chunk, qk-head): Q, K by TMA once, each v-head's A by TMA on its own phase of ld[1]
+    assert re.search(r"tma_load\(q_desc, ld\[0\]", src) and re.search(r"tma_load\(k_desc, ld\[0\]", src)
+    assert len(re.findall(r"tma_load\(A_desc, ld\[1\]", src)) == 2  # the group's first v-head, then the next
+    assert src.count("tl::wgmma_ss<") == 1 and "for (int j = 0; j < 4; ++j)" in src  # Q K^T once, then the group

@@ -36,15 +36,16 @@ row stays within a quad of lanes); dbeta's column term colsum(Y) takes 4 threads
 shuffles; sum(dS .* S0) is a tree reduction (common/bwd_state.sv_rows).
 
 Grid: (NCmax chunks, H_qk); blocks of the chunk table's unused rows do nothing. Threads: 256.
-Loads are TMA boxes of whole C-row tiles (one elected thread issues them; mbarriers ld_qk, ld[0..2]): rows
+Loads are TMA boxes of whole C-row tiles (one elected thread issues them; mbarriers ld_qk, ld[0..3]): rows
 past a partial chunk's end hold the next sequence's tokens, so the threads zero them (zero only on the
 chunk table's last chunk of a sequence) before any product reads them; rows past the tensor arrive as zeros.
 Before the loops, the chunk's Q and K rows (the qk-head's, shared by the group).
 Per v-head, each warpgroup w runs (named barriers at 256 threads between the steps, ids BAR_*):
-  * loads: after BAR_TOP warpgroup 0 issues the v-head's tiles in the order of first use, ld[0] = S0, V,
-    A, dv; ld[1] = dV', dO (waited for only after V' = Ag W); ld[2] = dS (warpgroup 1 waits before
-    V' dS^T); each warpgroup loads its half of gam, beta (element-wise) and waits on ld[0];
-  * Ag rows of its half; U = K S0 on its half of the V columns (64x64x128), dgam's e-term partial,
+  * loads: after BAR_TOP warpgroup 0 issues the v-head's tiles in the order of first use, ld[0] = S0;
+    ld[3] = V, A, dv; ld[1] = dV', dO (waited for only after V' = Ag W); ld[2] = dS (warpgroup 1 waits
+    before V' dS^T); each warpgroup loads its half of gam, beta (element-wise) and waits on ld[0];
+  * U = K S0 on its half of the V columns (64x64x128) while V, A, dv land (ld[3]); Ag rows of its half;
+    dgam's e-term partial,
     W = V - diag(e) U and dU = -diag(e) dv on those columns; then V' = Ag W on them (64x64x64);
   * the C x C products on its half of the columns: dAb = dV' W^T, dPg = dO V'^T (64x32x128), P = Q K^T
     (64x32x128); Y = dAb .* A, dbeta's column term colsum(Y) of its columns, then X, dA = dAb .* beta_col,
@@ -62,6 +63,11 @@ and dAs in its last 64), dO, dV', dv (then dU), V' 7 x 16 KB; S0, dS 2 x 32 KB; 
 own bytes (TileLang's default merge; no liveness-based overlap between the concurrent branches,
 tests/kernels/test_bwd_chunk_compile.py checks the compiled offsets). Registers (ptxas, sm_90a): 255,
 no spills.
+H200, session 16 (results/h200/2026-12-02_s16/bwd-ab-*.log, one call, us, old -> S0 alone on ld[0] -> also the
+independent products issued back to back with one wait (wgmma_gemm: dAb, dPg, P; dP K with A^T dA; T1 A^T with
+K K^T; dU S0^T with dP^T Q) and U = K S0, V' = Ag W left in flight over the next loads' waits): hk16_hv64
+1x32768 4082 -> 3983 -> 3907, hk2_hv8 1x32768 (CP) 512 -> 490 -> 486, hk16_hv64 1000+3001+77 527 -> 511 -> 503;
+hk16_hv16 1x32768 (CP) 1431 -> 1385 -> 1403 (run-to-run spread ~4% there); gradients' errors unchanged.
 H200, TMA loads in three stages against the element-wise loads of every thread before any product
 (results/h200/2026-12-02_s15/bwd-split.log, same call): hk16_hv16 1x32768 1245 vs 1351 us, hk16_hv64 1x32768
 3737 vs 4453, hk2_hv8 1x32768 (CP) 519 vs 592; gradients' errors against float64 unchanged.
@@ -106,17 +112,19 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
     @T.macro
     def issue_loads(v, do, dvp, dv, A, h, dh, V_s, dO_s, dVp_s, dv_s, A_s, S0_s, dS_s, ld, c, t0, hv):
         """The v-head's tiles by TMA (one elected thread of the calling warpgroup), in the order of their
-        first use: ld[0] S0, V, A, dv (U, W, dU, Ag); ld[1] dV', dO (after V'); ld[2] dS (warpgroup 1 only).
+        first use: ld[0] S0 (U = K S0); ld[3] V, A, dv (W, dU, Ag); ld[1] dV', dO (after V'); ld[2] dS
+        (warpgroup 1 only).
         Whole C-row boxes: rows past the chunk end hold the next sequence's tokens (shared_part zeroes them)
         or lie past the tensor (TMA fills zeros)."""
         T.tma_copy(h[c, hv, :, :], S0_s, barrier=ld[0])
-        T.tma_copy(v[t0:t0 + C, hv, :], V_s, barrier=ld[0])
-        T.tma_copy(A[t0:t0 + C, hv, :], A_s, barrier=ld[0])
-        T.tma_copy(dv[t0:t0 + C, hv, :], dv_s, barrier=ld[0])
+        T.tma_copy(v[t0:t0 + C, hv, :], V_s, barrier=ld[3])
+        T.tma_copy(A[t0:t0 + C, hv, :], A_s, barrier=ld[3])
+        T.tma_copy(dv[t0:t0 + C, hv, :], dv_s, barrier=ld[3])
         T.tma_copy(dvp[t0:t0 + C, hv, :], dVp_s, barrier=ld[1])
         T.tma_copy(do[t0:t0 + C, hv, :], dO_s, barrier=ld[1])
         T.tma_copy(dh[c, hv, :, :], dS_s, barrier=ld[2])
         T.mbarrier_arrive(ld[0])
+        T.mbarrier_arrive(ld[3])
         T.mbarrier_arrive(ld[1])
         T.mbarrier_arrive(ld[2])
 
@@ -138,6 +146,9 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
             issue_loads(v, do, dvp, dv, A, h, dh, V_s, dO_s, dVp_s, dv_s, A_s, S0_s, dS_s, ld, c, t0, hv)
         load_scalars(w, g_cumsum, beta, gam_s, beta_s, t0, end, hv)
         T.mbarrier_wait_parity(ld[0], g & 1)
+        # U = K S0 on this half of the columns, in flight while V, A, dv land and Ag is formed
+        T.wgmma_gemm(K_s, S0_s[:, w * HV:(w + 1) * HV], U_f, clear_accum=True)
+        T.mbarrier_wait_parity(ld[3], g & 1)
         if end - t0 < C:  # a partial chunk: the rows past its end this warpgroup reads before BAR_W
             for i, j in T.Parallel(C, HV):
                 if t0 + i >= end:
@@ -151,8 +162,8 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
         for i, j in T.Parallel(HC, C):  # Ag = Gam .* A .* beta_col, this warpgroup's rows
             Ag_s[w * HC + i, j] = T.cast(T.if_then_else(j <= w * HC + i, T.exp(gam_s[w * HC + i] - gam_s[j]), 0.0)
                                          * A_s[w * HC + i, j] * beta_s[j], dtype)
-        # U = K S0 on this half of the columns: dgam's e-term partial, W and dU in place
-        T.gemm(K_s, S0_s[:, w * HV:(w + 1) * HV], U_f, clear_accum=True)
+        T.wait_wgmma(0)
+        # dgam's e-term partial, W and dU in place
         for i, j in T.Parallel(C, HV):
             prod_f[i, j] = dv_s[i, w * HV + j] * U_f[i, j]
         T.reduce_sum(prod_f, red_f, dim=1)
@@ -164,21 +175,25 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
         T.fence_proxy_async()
         T.sync_threads(BAR_W, 256)
         # V' = Ag W on this half of the columns
-        T.gemm(Ag_s, V_s[:, w * HV:(w + 1) * HV], U_f, clear_accum=True)
-        for i, j in T.Parallel(C, HV):
-            Vp_s[i, w * HV + j] = T.cast(U_f[i, j], dtype)
+        # (in flight while dV', dO are waited for and a partial chunk's rows past the end zeroed)
+        T.wgmma_gemm(Ag_s, V_s[:, w * HV:(w + 1) * HV], U_f, clear_accum=True)
         T.mbarrier_wait_parity(ld[1], g & 1)
         if end - t0 < C:
             for i, j in T.Parallel(HC, V):
                 if t0 + w * HC + i >= end:
                     dVp_s[w * HC + i, j] = T.cast(0, dtype)
                     dO_s[w * HC + i, j] = T.cast(0, dtype)
+        T.wait_wgmma(0)
+        for i, j in T.Parallel(C, HV):
+            Vp_s[i, w * HV + j] = T.cast(U_f[i, j], dtype)
         T.fence_proxy_async()
         T.sync_threads(BAR_VP, 256)
         # this half's columns of dAb = Gam .* dV' W^T, dPg = dO V'^T and P = Q K^T
-        T.gemm(dVp_s, V_s[w * HC:(w + 1) * HC, :], cc_f, transpose_B=True, clear_accum=True)
-        T.gemm(dO_s, Vp_s[w * HC:(w + 1) * HC, :], dpg_f, transpose_B=True, clear_accum=True)
-        T.gemm(Q_s, K_s[w * HC:(w + 1) * HC, :], p_f, transpose_B=True, clear_accum=True)
+        # (three independent products issued back to back, one wait)
+        T.wgmma_gemm(dVp_s, V_s[w * HC:(w + 1) * HC, :], cc_f, transpose_B=True, clear_accum=True)
+        T.wgmma_gemm(dO_s, Vp_s[w * HC:(w + 1) * HC, :], dpg_f, transpose_B=True, clear_accum=True)
+        T.wgmma_gemm(Q_s, K_s[w * HC:(w + 1) * HC, :], p_f, transpose_B=True, clear_accum=True)
+        T.wait_wgmma(0)
         for i, j in T.Parallel(C, HC):
             dec = T.if_then_else(w * HC + j <= i and t0 + i < end, T.exp(gam_s[i] - gam_s[w * HC + j]), 0.0)
             F_s[i, w * HC + j] = dec * cc_f[i, j] * A_s[i, w * HC + j]  # Y
@@ -252,7 +267,7 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
             dbc_s = T.alloc_shared((C,), "float32")
             dbr_s = T.alloc_shared((C,), "float32")
             ld_qk = T.alloc_barrier([256])  # Q, K rows (TMA, once per block)
-            ld = T.alloc_barrier([128, 128, 128])  # a v-head's tiles in three stages (issue_loads)
+            ld = T.alloc_barrier([128, 128, 128, 128])  # a v-head's tiles in four stages (issue_loads)
             # warpgroup 0
             U0 = T.alloc_fragment((C, HV), "float32")  # U, then V'
             prod0 = T.alloc_fragment((C, HV), "float32")
@@ -323,14 +338,19 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
                         T.reduce_sum(acc0, red0q, dim=1)
                         for i in T.Parallel(C):
                             dgq_s[i] = red0q[i]
-                        T.gemm(dP_s, K_s, dq_f)
                         # WY inverse: T1 = A^T dA into W's first columns (W is dead), dL = -strict_lower(T1 A^T),
-                        # dbeta's row term, dAs = dM + dM^T into W's last columns
-                        T.gemm(A_s, Ag_s, T1_f, transpose_A=True, clear_accum=True)
+                        # dbeta's row term, dAs = dM + dM^T into W's last columns (independent products issued
+                        # in pairs, one wait each: dP K with A^T dA, T1 A^T with K K^T)
+                        T.wgmma_gemm(dP_s, K_s, dq_f)
+                        T.wgmma_gemm(A_s, Ag_s, T1_f, transpose_A=True, clear_accum=True)
+                        T.wait_wgmma(0)
                         for i, j in T.Parallel(C, C):
                             V_s[i, j] = T.cast(T1_f[i, j], dtype)
-                        T.gemm(V_s[:, 0:C], A_s, T2_f, transpose_B=True, clear_accum=True)
-                        T.gemm(K_s, K_s, KK_f, transpose_B=True, clear_accum=True)
+                        T.fence_proxy_async()
+                        T.sync_threads(BAR_LOCAL[0], 128)
+                        T.wgmma_gemm(V_s[:, 0:C], A_s, T2_f, transpose_B=True, clear_accum=True)
+                        T.wgmma_gemm(K_s, K_s, KK_f, transpose_B=True, clear_accum=True)
+                        T.wait_wgmma(0)
                         wy_inverse_grad(T2_f, KK_f, beta_s, KK_f, red0b, F_s, dbr_s, V_s, C, dtype, C)
                         T.fence_proxy_async()
                         T.named_barrier_arrive(BAR_HANDOFF, 256)
@@ -348,8 +368,9 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
                         for i, j in T.Parallel(C, K):
                             dk_f[i, j] = dk_f[i, j] + T.exp(gam_last1 - gam_s[i]) * acc1[i, j]
                         kt1_terms(K_s, acc1, gam_s, gam_last1, acc1, red1k, kt1_s, C, K)  # in place over acc1
-                        T.gemm(dv_s, S0_s, dk_f, transpose_B=True)
-                        T.gemm(dP_s, Q_s, dk_f, transpose_A=True)
+                        T.wgmma_gemm(dv_s, S0_s, dk_f, transpose_B=True)  # both into dk_f, one wait
+                        T.wgmma_gemm(dP_s, Q_s, dk_f, transpose_A=True)
+                        T.wait_wgmma(0)
                         sv_rows(S0_s, dS_s, acc1, red1s, sv_s, C, V)  # sum(S0 .* dS) for the dgam0 tail
                         T.sync_threads(BAR_HANDOFF, 256)
                         T.gemm(V_s[:, C:2 * C], K_s, dk_f)  # dAs K

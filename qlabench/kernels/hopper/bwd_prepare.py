@@ -1,4 +1,4 @@
-"""bwd_prepare: the state-independent per-chunk pieces of the backward, one block per (chunk, v-head).
+"""bwd_prepare: the state-independent per-chunk pieces of the backward, one block per (chunk, qk-head).
 
 Formula per chunk (gam = in-chunk cumsum of g clamped to the last real token, A = gate-free A_k,
 Gam[i, j] = exp(gam_i - gam_j) for j <= i else 0):
@@ -16,9 +16,19 @@ Rows past the chunk end (the next sequence, or the padding tail) are loaded unma
 stored; inside the stored rows the columns past the end are cut by the causal select j <= i
 (a select, so non-finite data there cannot leak in).
 
-Grid: (NCmax chunks, H_v); unused chunk-table rows (start == end) do nothing. Threads: 256 (two
-warpgroups split the GEMM's N and the elementwise work).
-GEMMs per chunk (wgmma, smem operands, fp32 accumulate): Q K^T 64x64x128.
+Grid: (NCmax chunks, H_qk), one block per (chunk, qk-head) looping over the qk-head's GQA group of v-heads;
+unused chunk-table rows (start == end) do nothing. Threads: 256 (two warpgroups split the GEMM's N and the
+elementwise work).
+Loads: Q, K as TMA boxes of C rows once per block (mbarrier ld[0]); A of the group's first v-head on ld[1]
+with them, each later v-head's A issued once every thread is past the previous one's A, Pg, Ag tiles
+(ld[1]'s phase j is v-head j's A); gam, beta element-wise while the boxes fly.
+GEMMs per block (wgmma, smem operands, fp32 accumulate): Q K^T 64x64x128 once; its fp32 fragment stays in
+registers over the group (Pg of each v-head is masked on a copy). The kernel is bound by memory traffic
+(H200: ~3.2-3.6 TB/s at 1x32768): per v-head one block used to load Q, K (32 KB) for 24 KB of A, Pg, Ag,
+so under GQA the group's v-heads re-read the same Q, K rows.
+H200, session 16 (results/h200/2026-12-02_s16/bwd-ab-*.log, in the API's backward, us, one block per (chunk,
+v-head) with T.copy loads -> this kernel): hk16_hv64 1x32768 528 -> 427, hk2_hv8 1x32768 71 -> 50, hk16_hv16
+1x32768 144 -> 141; Pg, Ag, fac unchanged (same gradients' errors).
 Shared memory (bf16): Q, K 2 x 16 KB, A, Pg, Ag 3 x 8 KB, gam/beta 0.5 KB: ~57 KB.
 Pg and Ag are formed on fp32 fragments and copied to their (swizzled) shared tiles whole, by stmatrix,
 as kkt_solve's Pm and Ag are (session 13: the element-wise bf16 stores from the fragment layout put eight
@@ -26,17 +36,19 @@ rows of one column in one shared-memory bank): 157 -> 145 us at hk16_hv16 1x3276
 hk16_hv64 (H200, in the API's backward).
 scale is a runtime argument (one compiled kernel serves every scale).
 Emulated by ``qlabench.kernels.emulate_bwd.twin_bwd_prepare`` (masks: ``_emu_masks``).
-The loads and elementwise steps that do not depend on how products are issued are TileLang macros
-in common/bwd_prepare.py, shared with blackwell/bwd_prepare.py.
+The masking / store step is common/bwd_prepare.py's store_masks, shared with blackwell/bwd_prepare.py (which
+keeps one block per (chunk, v-head) and common's element-wise load_chunk).
 """
 
 import functools
 
 import tilelang.language as T
 
-from ..common.bwd_prepare import load_chunk, store_masks
+from ..common.bwd_prepare import store_masks
 from ..common.smem_layout import swizzled
 from .bwd_common import compile_bwd
+
+THREADS = 256
 
 
 @functools.cache
@@ -44,6 +56,13 @@ def bwd_prepare_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: st
     group = h_v // h_qk
     n_tok = T.dynamic("n_tok")
     n_chunks = T.dynamic("n_chunks")
+
+    @T.macro
+    def load_scalars(g_cumsum, beta, gam_s, beta_s, t0, end, hv):
+        """The v-head's gate cumsum over the chunk (last real value repeated) and beta (zero past the end)."""
+        for i in T.Parallel(C):
+            gam_s[i] = g_cumsum[T.min(t0 + i, end - 1), hv]
+            beta_s[i] = T.if_then_else(t0 + i < end, beta[t0 + i, hv], 0.0)
 
     @T.prim_func
     def bwd_prepare(
@@ -58,7 +77,7 @@ def bwd_prepare_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: st
         fac_out: T.Tensor((n_chunks, h_v, 3, C), "float32"),
         scale: T.float32,
     ):
-        with T.Kernel(n_chunks, h_v, threads=256) as (c, hv):
+        with T.Kernel(n_chunks, h_qk, threads=THREADS) as (c, hk):
             Q_s = T.alloc_shared((C, K), dtype)
             K_s = T.alloc_shared((C, K), dtype)
             A_s = T.alloc_shared((C, C), dtype)
@@ -66,18 +85,35 @@ def bwd_prepare_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: st
             Ag_s = T.alloc_shared((C, C), dtype)
             gam_s = T.alloc_shared((C,), "float32")
             beta_s = T.alloc_shared((C,), "float32")
-            P_f = T.alloc_fragment((C, C), "float32")
+            P_f = T.alloc_fragment((C, C), "float32")  # Q K^T of the qk-head, kept over its group
+            Pg_f = T.alloc_fragment((C, C), "float32")
             Ag_f = T.alloc_fragment((C, C), "float32")
+            ld = T.alloc_barrier([THREADS, THREADS])  # ld[0]: Q, K; ld[1]: A of the v-head (phase j)
             T.annotate_layout(swizzled(A_s, Pg_s, Ag_s))  # read and written in the fragment layout
 
             t0 = chunk_bounds[c, 0]
             end = chunk_bounds[c, 1]
-            hk = hv // group
 
             if t0 < end:
-                load_chunk(q, k, A, g_cumsum, beta, Q_s, K_s, A_s, gam_s, beta_s, t0, end, hk, hv, C)
-
+                T.tma_copy(q[t0:t0 + C, hk, :], Q_s, barrier=ld[0])
+                T.tma_copy(k[t0:t0 + C, hk, :], K_s, barrier=ld[0])
+                T.tma_copy(A[t0:t0 + C, hk * group, :], A_s, barrier=ld[1])
+                T.mbarrier_arrive(ld[0])
+                T.mbarrier_arrive(ld[1])
+                T.mbarrier_wait_parity(ld[0], 0)
                 T.gemm(Q_s, K_s, P_f, transpose_B=True, clear_accum=True)
-                store_masks(P_f, Ag_f, A_s, gam_s, beta_s, Pg_s, Ag_s, Pg_out, Ag_out, fac_out, scale, c, t0, end, hv, C, dtype)
+                for j in T.serial(group):
+                    hv = hk * group + j
+                    load_scalars(g_cumsum, beta, gam_s, beta_s, t0, end, hv)
+                    T.copy(P_f, Pg_f)
+                    T.mbarrier_wait_parity(ld[1], j & 1)
+                    T.sync_threads()  # gam_s, beta_s of every thread
+                    store_masks(Pg_f, Ag_f, A_s, gam_s, beta_s, Pg_s, Ag_s, Pg_out, Ag_out, fac_out, scale, c, t0,
+                                end, hv, C, dtype)
+                    T.fence_proxy_async()  # this thread's reads of A_s before the next box overwrites it
+                    T.sync_threads()  # every thread past the v-head's A_s, Pg_s, Ag_s, gam_s, beta_s
+                    if j + 1 < group:
+                        T.tma_copy(A[t0:t0 + C, hv + 1, :], A_s, barrier=ld[1])
+                        T.mbarrier_arrive(ld[1])
 
     return compile_bwd(bwd_prepare, arch)
