@@ -4,7 +4,9 @@ Four launches on sm90 (``hopper/bwd_*.py``; five on sm100, whose per-chunk gradi
 then (GQA only) the group sums of dq, dk in fp32 and their cast, and the zero padding tail (a slice
 memset of the tail rows). The math of each kernel, step for step, is in ``emulate_bwd.py``:
 
-    bwd_prepare  grid (NCmax, H_v)       per chunk: Pg, Ag (bf16 C x C masks), factors e, r, beta
+    bwd_prepare  grid (NCmax, H_qk)      per chunk: Pg, Ag (bf16 C x C masks), factors e, r, beta of each
+                                         v-head of the qk-head's GQA group (Q K^T once per group; sm100:
+                                         grid (NCmax, H_v), one v-head per block)
     bwd_h        grid (V / BV, N * H_v)  forward over chunks: h (state at every chunk start) and
                                          nothing else; on sm90 ``hopper/bwd_h_ws.py`` (warp-
                                          specialized, the state-independent factor K^T A_k diag(beta)
@@ -18,8 +20,9 @@ memset of the tail rows). The math of each kernel, step for step, is in ``emulat
     bwd_chunk    grid (NCmax, H_qk)      sm90, per chunk, full V: dq, dk summed over the GQA group, dbeta,
                                          dg (raw gate) with every intermediate on chip (``hopper/bwd_chunk.py``)
       sm100:     bwd_state (dAg, dPg, dq0, dk0, dgam0 in fp32 HBM) then bwd_intra (the rest)
-    dq, dk accumulate in fp32 and are stored in q's dtype when H_v == H_qk (the final gradients, no
-    host pass), in fp32 for GQA (summed over each group on the host); see `chunk_grads`.
+    dq, dk: on sm90 bwd_chunk sums them over the GQA group in registers and stores them once in q's dtype;
+    sm100's bwd_intra stores them in q's dtype when H_v == H_qk, in fp32 per v-head for GQA (summed over
+    each group on the host); see `chunk_grads`.
 
 V tile BV of bwd_h and bwd_dh (`_value_tile`): their N * H_v (sequence, v-head) pairs each walk all
 of the sequence's chunks in order, so with few pairs the grid leaves most SMs idle; BV = 32 doubles

@@ -316,11 +316,14 @@ def _bwd_cp(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, s
                               p.scale, 1)
                 flag[:P2] = read.to(torch.int32)
         # Chain from the last piece backwards (one launch): slot s of long sequence l = dS_start(last_l - s).
+        # into the head of dht_all = cat(slots, user_dht) (no cat pass)
         nl = len(plan.long_seqs)
-        slots = torch.empty(plan.n_slots - 1, nl, H, K, V, dtype=f32, device=dev)
+        n_rows = (plan.n_slots - 1) * nl
+        dht_all = torch.empty(n_rows + p.N, H, K, V, dtype=f32, device=dev)
+        dht_all[n_rows:].copy_(user_dht)
+        slots = dht_all[:n_rows].view(plan.n_slots - 1, nl, H, K, V)
         src = (plan.bwd_slot_src if plan.n_slots > 2 else torch.zeros(0, nl, dtype=torch.int64, device=dev))
         kernels.correct(dS_loc[plan.bwd_slot_first], dS_loc, Mt, flag, src.to(torch.int32), slots, arch.name)
-        dht_all = torch.cat([slots.reshape(-1, H, K, V), user_dht], 0)
     else:
         dht_all = user_dht
     dht_pieces = dht_all[plan.dht_src].contiguous()

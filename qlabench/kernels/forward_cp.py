@@ -307,15 +307,38 @@ class PieceTransitions:
 
     def adjoint(self, lo: int, hi: int, needs: torch.Tensor):
         """(Mt `[hi - lo + 1, H_v, K, K]` in the [K, V] layout (M^T), flag `[hi - lo + 1, H_v]` int32)
-        for the pieces lo .. hi - 1 (the last row 0), flag also 0 where ``needs`` `[hi - lo]` is False."""
+        for the pieces lo .. hi - 1 (the last row 0), flag also 0 where ``needs`` `[hi - lo]` is False.
+
+        Rows of pieces outside the forward's range (flag 0: never read) are left as they are; each run of
+        consecutive forward rows is one transposing copy (no gather pass; a run per long sequence), or
+        one gather when the runs are many."""
         n = self.M.shape[0] - 1
         r = torch.arange(lo, hi, device=self.M.device) - self.first
         r = torch.where((r >= 0) & (r < n), r, torch.full_like(r, n))
         r = torch.cat([r, torch.full_like(r[:1], n)])
-        M = self.M[r]
-        Mt = (M if self.state_v_first else M.transpose(-1, -2)).contiguous()
         flag = self.flag[r] * torch.cat([needs, needs.new_zeros(1)]).to(torch.int32)[:, None]
+        runs = _row_runs([j - self.first if 0 <= j - self.first < n else None for j in range(lo, hi)])
+        if len(runs) > 4:
+            M = self.M[r]
+            return (M if self.state_v_first else M.transpose(-1, -2)).contiguous(), flag
+        Mt = torch.empty((hi - lo + 1,) + tuple(self.M.shape[1:]), dtype=self.M.dtype, device=self.M.device)
+        for dst, src, length in runs:
+            M = self.M[src:src + length]
+            Mt[dst:dst + length].copy_(M if self.state_v_first else M.transpose(-1, -2))
         return Mt, flag
+
+
+def _row_runs(rows) -> list[tuple[int, int, int]]:
+    """(dst, src, length) runs of consecutive source rows in ``rows`` (None entries skipped)."""
+    runs = []
+    for i, x in enumerate(rows):
+        if x is None:
+            continue
+        if runs and runs[-1][0] + runs[-1][2] == i and runs[-1][1] + runs[-1][2] == x:
+            runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
+        else:
+            runs.append((i, x, 1))
+    return runs
 
 
 def piece_initial_states(p, plan, state_v_first, q2, k2, v2, g_cumsum, Ag, Pm, user_h0, decay_threshold,
@@ -371,7 +394,11 @@ def piece_initial_states(p, plan, state_v_first, q2, k2, v2, g_cumsum, Ag, Pm, u
         # (c) correction over piece positions, all long sequences at once: one chain launch. Its
         # states are [K, V]; with state_v_first the stored S^T and M^T are transposed around it.
         nl = len(plan.long_seqs)
-        slots = torch.empty((plan.n_slots, nl) + state, dtype=sdt, device=dev)
+        # the chain writes its slots straight into the head of h0_all = cat(slots, user_h0) (no cat pass)
+        n_rows = plan.n_slots * nl
+        h0_all = torch.empty((n_rows + user_h0.shape[0],) + state, dtype=sdt, device=dev)
+        slots = h0_all[:n_rows].view((plan.n_slots, nl) + state)
+        h0_all[n_rows:].copy_(user_h0)
         init = user_h0[plan.slot_seq]
         src = plan.slot_src
         if state_v_first:
@@ -381,7 +408,6 @@ def piece_initial_states(p, plan, state_v_first, q2, k2, v2, g_cumsum, Ag, Pm, u
             slots.copy_(kv_slots.transpose(-1, -2))
         else:
             kernels.correct(init.contiguous(), S_loc, M, flag, src, slots, arch.name)
-        h0_all = torch.cat([slots.reshape((-1,) + state), user_h0], 0)
         transitions = PieceTransitions(M, flag, lo, state_v_first)
     else:
         h0_all = user_h0

@@ -356,3 +356,27 @@ def test_bad_arguments_are_named():
     other = plan_cp(torch.tensor([0, 32, 64]), heads=2, sm_count=132, chunk_size=8)
     with pytest.raises(ValueError, match="plan is for"):
         _bwd_cp(*a[:12], other, None, "auto", None, BackwardCPKernels(KERNEL_TWINS, TWIN_KERNELS["correct"]), arch, 132)
+
+
+@pytest.mark.parametrize("state_v_first", [False, True], ids=["kv", "vk"])
+@pytest.mark.parametrize("lo,hi,first", [(1, 5, 0), (3, 9, 2), (0, 12, 1), (2, 3, 5)])
+def test_adjoint_copies_runs_as_the_gather_did(state_v_first, lo, hi, first):
+    """PieceTransitions.adjoint: every row the chain reads (flag 1) is M^T of its forward row (M with
+    state_v_first) whether it comes from a run copy or the many-runs gather; flag as before."""
+    from qlabench.kernels.forward_cp import PieceTransitions, _row_runs
+
+    gen = torch.Generator().manual_seed(11)
+    n, H, K = 6, 3, 4
+    M = torch.randn(n + 1, H, K, K, generator=gen, dtype=torch.float64)
+    flag = (torch.rand(n + 1, H, generator=gen) < 0.7).to(torch.int32)
+    flag[n] = 0
+    needs = torch.rand(hi - lo, generator=gen) < 0.8
+    Mt, f = PieceTransitions(M, flag, first, state_v_first).adjoint(lo, hi, needs)
+    r = [j - first if 0 <= j - first < n else n for j in range(lo, hi)] + [n]
+    want_f = flag[r] * torch.cat([needs, needs.new_zeros(1)]).to(torch.int32)[:, None]
+    assert torch.equal(f, want_f)
+    want = M[r] if state_v_first else M[r].transpose(-1, -2)
+    on = want_f.bool()
+    assert torch.equal(Mt[on], want[on])
+    assert _row_runs([None, 0, 1, 2, None, 4, 5]) == [(1, 0, 3), (5, 4, 2)]
+    assert _row_runs([3, 5, 6]) == [(0, 3, 1), (1, 5, 2)]
