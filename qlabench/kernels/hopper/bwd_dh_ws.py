@@ -61,14 +61,12 @@ per chunk: parity cr & 1, and (cr & 1) ^ 1 for "freed by chunk cr - 1"):
   producer:  wait empty[b] (ph ^ 1) -> TMA K, Ag, fac, Pg, dO, Q (+ tx bytes on full[b]) -> arrive full[b]
   state:     wait full[b] (ph); wait h_free[b] (ph ^ 1: aux done with dS_s[b], dVp_s[b], dW_s[b] of cr - 2)
              dS_s[b] = bf16(dS); fence.proxy.async; bar.sync(1, 128); arrive s_ready[b]
-             dS = e[C-1] dS (dS_f is free once copied)
-             wait aux_ready[b] (ph: zeroed rows, E_s[b]); dVp = K dS_s[b] (wgmma) and dS += Q^T E_s[b]
-             (wgmma, issued right after it and left in flight: off the chain); wait for K dS only
+             wait aux_ready[b] (ph: zeroed rows, E_s[b]); dVp = K dS_s[b] (wgmma)
              wait pt_ready (cr & 1); dVp_s[b] = rows(bf16(r dVp + PT_s)); arrive pt_free;
              fence; bar.sync(1, 128)
              dW = Ag^T dVp_s[b] (wgmma); dW_s[b] = bf16(dW), dU_s = bf16(-e dW); fence; bar.sync(1, 128);
              arrive v_ready[b]
-             dS += K^T dU_s (wgmma; Q^T E_s[b] has completed by Ag^T dVp's wait); arrive empty[b]
+             dS = e[C-1] dS; dS += K^T dU_s (wgmma); dS += Q^T E_s[b] (wgmma); arrive empty[b]
   aux:       wait full[b] (ph); cr == 0 partial: zero rows >= eos of Q, K, dO, Pg, Ag in slot b;
              E_s[b] = rows(bf16(scale e dO)); fence; bar.sync(2, 128); arrive aux_ready[b]
              PT = Pg^T dO (wgmma); arrive empty[b]
@@ -113,8 +111,8 @@ QLABENCH_WS_AUTO_SYNC=1 compiles with the automatic syncs back on: the A/B to ru
 differ from bwd_dh_pipelined or a run hangs.
 
 GEMMs per chunk (wgmma, smem operands, fp32 accumulate): state WG K dS 64xBVx128, Ag^T dV' 64xBVx64,
-K^T dU 128xBVx64 on the chain, Q^T eDO 128xBVx64 issued with K dS into the decayed dS and completed under the
-dV' step (session 16: it was the chain's fourth GEMM); aux WG Pg^T dO 64xBVx64 (off the chain).
+K^T dU 128xBVx64, Q^T eDO 128xBVx64 (all on the chain, as in bwd_dh_pipelined but issued by one
+warpgroup, N = BV); aux WG Pg^T dO 64xBVx64 (off the chain).
 
 Shared memory, from the allocations (bf16 = 2 bytes; C = 64, K = 128):
     ring (2 slots): Q, K 2 x 2 x 16 KB, dO 2 x C BV 2, Pg, Ag 2 x 2 x 8 KB, fac 2 x 768 B
@@ -227,14 +225,8 @@ def _bwd_dh_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str,
             T.sync_threads(BAR_STATE, 128)
             T.mbarrier_arrive(s_ready[slot])
 
-            # dS_f is free once copied: decay it now and let Q^T eDO accumulate into it off the chain (issued
-            # after the chain's K dS, waited for only by K^T dU's wgmma at the end of the chunk)
-            for i, j in T.Parallel(K, BV):
-                dS_f[i, j] = dS_f[i, j] * F_s[0, C - 1]
             T.mbarrier_wait_parity(aux_ready[slot], ph)
-            T.wgmma_gemm(K_s, dS_s, dVp_f, clear_accum=True)
-            T.wgmma_gemm(Q_s, E_s, dS_f, transpose_A=True)
-            T.wait_wgmma(1)  # K dS done; Q^T eDO may still run
+            T.gemm(K_s, dS_s, dVp_f, clear_accum=True)
             T.mbarrier_wait_parity(pt_ready[0], cr & 1)
             # dV', dv and dU formed in place on the (then dead) accumulators and copied whole (stmatrix),
             # not as element-wise 2-byte stores from the fragment layout
@@ -254,7 +246,10 @@ def _bwd_dh_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str,
             T.sync_threads(BAR_STATE, 128)
             T.mbarrier_arrive(v_ready[slot])
 
-            T.gemm(K_s, dU_s, dS_f, transpose_A=True)  # its wait also covers Q^T eDO
+            for i, j in T.Parallel(K, BV):
+                dS_f[i, j] = dS_f[i, j] * F_s[0, C - 1]
+            T.gemm(K_s, dU_s, dS_f, transpose_A=True)
+            T.gemm(Q_s, E_s, dS_f, transpose_A=True)
             T.mbarrier_arrive(empty[slot])
 
     @T.macro
