@@ -112,7 +112,11 @@ differ from bwd_dh_pipelined or a run hangs.
 
 GEMMs per chunk (wgmma, smem operands, fp32 accumulate): state WG K dS 64xBVx128, Ag^T dV' 64xBVx64,
 K^T dU 128xBVx64, Q^T eDO 128xBVx64 (all on the chain, as in bwd_dh_pipelined but issued by one
-warpgroup, N = BV); aux WG Pg^T dO 64xBVx64 (off the chain).
+warpgroup, N = BV); aux WG Pg^T dO 64xBVx64 (off the chain). Measured and not kept (session 16,
+results/h200/2026-12-02_s16/dh-ab.txt): dS decayed right after its bf16 copy and Q^T eDO issued with K dS, left
+in flight under the dV' step: 1117 -> 1095 us at hk16_hv64 1x32768, 475 -> 474 at hk16_hv16 (CP), 266 -> 265 at
+hk2_hv8 (CP): under the 2% the A/B asked for. A GEMM less on the chain moved it by 2%: its time is
+elsewhere (per block and chunk at BV 64 it moves ~57 KB in and ~32 KB of dh, dV', dv out).
 
 Shared memory, from the allocations (bf16 = 2 bytes; C = 64, K = 128):
     ring (2 slots): Q, K 2 x 2 x 16 KB, dO 2 x C BV 2, Pg, Ag 2 x 2 x 8 KB, fac 2 x 768 B
