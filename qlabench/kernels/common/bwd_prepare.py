@@ -13,14 +13,20 @@ import tilelang.language as T
 
 
 @T.macro
+def load_gates(g_cumsum, beta, gam_s, beta_s, t0, end, by, C: int):
+    """v-head ``by``'s gam over the chunk (last real row repeated) and beta (zero past the end)."""
+    for i in T.Parallel(C):
+        gam_s[i] = g_cumsum[T.min(t0 + i, end - 1), by]
+        beta_s[i] = T.if_then_else(t0 + i < end, beta[t0 + i, by], 0.0)
+
+
+@T.macro
 def load_chunk(q, k, A, g_cumsum, beta, Q_s, K_s, A_s, gam_s, beta_s, t0, end, hk, by, C: int):
     """Q, K, A tiles of the chunk (T.copy), gam (last row repeated) and beta (zero past the end)."""
     T.copy(q[t0:t0 + C, hk, :], Q_s)
     T.copy(k[t0:t0 + C, hk, :], K_s)
     T.copy(A[t0:t0 + C, by, :], A_s)
-    for i in T.Parallel(C):
-        gam_s[i] = g_cumsum[T.min(t0 + i, end - 1), by]
-        beta_s[i] = T.if_then_else(t0 + i < end, beta[t0 + i, by], 0.0)
+    load_gates(g_cumsum, beta, gam_s, beta_s, t0, end, by, C)
 
 
 @T.macro

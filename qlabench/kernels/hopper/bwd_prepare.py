@@ -36,15 +36,16 @@ rows of one column in one shared-memory bank): 157 -> 145 us at hk16_hv16 1x3276
 hk16_hv64 (H200, in the API's backward).
 scale is a runtime argument (one compiled kernel serves every scale).
 Emulated by ``qlabench.kernels.emulate_bwd.twin_bwd_prepare`` (masks: ``_emu_masks``).
-The masking / store step is common/bwd_prepare.py's store_masks, shared with blackwell/bwd_prepare.py (which
-keeps one block per (chunk, v-head) and common's element-wise load_chunk).
+The gate rows (load_gates) and the masking / store step (store_masks) are common/bwd_prepare.py's macros,
+shared with blackwell/bwd_prepare.py (which keeps one block per (chunk, v-head) and common's element-wise
+load_chunk).
 """
 
 import functools
 
 import tilelang.language as T
 
-from ..common.bwd_prepare import store_masks
+from ..common.bwd_prepare import load_gates, store_masks
 from ..common.smem_layout import swizzled
 from .bwd_common import compile_bwd
 
@@ -56,13 +57,6 @@ def bwd_prepare_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: st
     group = h_v // h_qk
     n_tok = T.dynamic("n_tok")
     n_chunks = T.dynamic("n_chunks")
-
-    @T.macro
-    def load_scalars(g_cumsum, beta, gam_s, beta_s, t0, end, hv):
-        """The v-head's gate cumsum over the chunk (last real value repeated) and beta (zero past the end)."""
-        for i in T.Parallel(C):
-            gam_s[i] = g_cumsum[T.min(t0 + i, end - 1), hv]
-            beta_s[i] = T.if_then_else(t0 + i < end, beta[t0 + i, hv], 0.0)
 
     @T.prim_func
     def bwd_prepare(
@@ -104,7 +98,7 @@ def bwd_prepare_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: st
                 T.gemm(Q_s, K_s, P_f, transpose_B=True, clear_accum=True)
                 for j in T.serial(group):
                     hv = hk * group + j
-                    load_scalars(g_cumsum, beta, gam_s, beta_s, t0, end, hv)
+                    load_gates(g_cumsum, beta, gam_s, beta_s, t0, end, hv, C)
                     T.copy(P_f, Pg_f)
                     T.mbarrier_wait_parity(ld[1], j & 1)
                     T.sync_threads()  # gam_s, beta_s of every thread
