@@ -154,7 +154,6 @@ from tilelang import PassConfigKey
 from ..common.build import compile_for
 from ..common.bwd_h import reverse_run, sequence_block
 from ..common.smem_layout import swizzled
-from . import cluster_pair
 
 THREADS = 384  # producer, state, aux warpgroups
 NREG_PRODUCER = 40
@@ -170,7 +169,7 @@ def bwd_dh_ws_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype
     arguments as bwd_dh_pipelined.bwd_dh_pipelined_kernel). QLABENCH_WS_AUTO_SYNC=1 keeps TileLang's
     automatic shared-memory syncs on top of the explicit ones (a race-debugging A/B, see the header)."""
     auto_sync = os.environ.get("QLABENCH_WS_AUTO_SYNC", "0") == "1"
-    return _bwd_dh_ws(h_qk, h_v, K, V, BV, C, dtype, arch, auto_sync, cluster_pair.pairs(V // BV))
+    return _bwd_dh_ws(h_qk, h_v, K, V, BV, C, dtype, arch, auto_sync)
 
 
 def shared_memory_bytes(K: int, BV: int, C: int = 64, elem: int = 2) -> int:
@@ -184,8 +183,7 @@ def shared_memory_bytes(K: int, BV: int, C: int = 64, elem: int = 2) -> int:
 
 
 @functools.cache
-def _bwd_dh_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str, arch: str, auto_sync: bool,
-               paired: bool = False):
+def _bwd_dh_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str, arch: str, auto_sync: bool):
     if C != 64:
         raise ValueError(f"bwd_dh_ws is written for C = 64 (one m64 wgmma per row block), got {C}")
     group = h_v // h_qk
@@ -196,27 +194,24 @@ def _bwd_dh_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str,
     n_hc = T.dynamic("n_hc")
     n_fc = T.dynamic("n_fc")
     n_skip = T.dynamic("n_skip")
-    mask = cluster_pair.MASK if paired else None
 
     def rows(t0, eos, i, value):
         """value on rows of the sequence; zero past its end (a select, not a multiply)."""
         return T.if_then_else(t0 + i < eos, value, T.cast(0, dtype))
 
     @T.macro
-    def produce(slot: int, cr, n_chunks, bos, cbase, h, hk, v0, tx, q, k, do, Pg, Ag, fac,
-                Q_s, K_s, dO_s, Pg_s, Ag_s, F_s, full, empty, pair_empty):
+    def produce(slot: int, cr, n_chunks, bos, cbase, h, hk, v0, q, k, do, Pg, Ag, fac,
+                Q_s, K_s, dO_s, Pg_s, Ag_s, F_s, full, empty):
         if cr < n_chunks:
             T.mbarrier_wait_parity(empty[slot], ((cr // 2) & 1) ^ 1)
-            if paired:
-                cluster_pair.claim_slot(pair_empty, slot, cr // 2, tx)
             c = n_chunks - 1 - cr
             t0 = bos + c * C
-            T.tma_copy(k[t0:t0 + C, hk, :], K_s, barrier=full[slot], cluster_mask=mask)
-            T.tma_copy(Ag[t0:t0 + C, h, :], Ag_s, barrier=full[slot], cluster_mask=mask)
-            T.tma_copy(fac[cbase + c, h, :, :], F_s, barrier=full[slot], cluster_mask=mask)
-            T.tma_copy(Pg[t0:t0 + C, h, :], Pg_s, barrier=full[slot], cluster_mask=mask)
+            T.tma_copy(k[t0:t0 + C, hk, :], K_s, barrier=full[slot])
+            T.tma_copy(Ag[t0:t0 + C, h, :], Ag_s, barrier=full[slot])
+            T.tma_copy(fac[cbase + c, h, :, :], F_s, barrier=full[slot])
+            T.tma_copy(Pg[t0:t0 + C, h, :], Pg_s, barrier=full[slot])
             T.tma_copy(do[t0:t0 + C, h, v0:v0 + BV], dO_s, barrier=full[slot])
-            T.tma_copy(q[t0:t0 + C, hk, :], Q_s, barrier=full[slot], cluster_mask=mask)
+            T.tma_copy(q[t0:t0 + C, hk, :], Q_s, barrier=full[slot])
             T.mbarrier_arrive(full[slot])
 
     @T.macro
@@ -323,7 +318,7 @@ def _bwd_dh_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str,
         scale: T.float32,
         has_skip: T.int32,
     ):
-        with T.Kernel(NV, (n_cu - 1) * h_v, threads=THREADS, **(cluster_pair.LAUNCH if paired else {})) as (iv, nh):
+        with T.Kernel(NV, (n_cu - 1) * h_v, threads=THREADS) as (iv, nh):
             # input ring, slot 0 and slot 1
             Q0 = T.alloc_shared((C, K), dtype)
             Q1 = T.alloc_shared((C, K), dtype)
@@ -358,7 +353,6 @@ def _bwd_dh_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str,
             h_free = T.alloc_barrier([128, 128])
             pt_ready = T.alloc_barrier([128])
             pt_free = T.alloc_barrier([128])
-            pair_empty = T.alloc_cluster_barrier([cluster_pair.RANKS] * 2) if paired else None
             dS_f = T.alloc_fragment((K, BV), "float32")
             dVp_f = T.alloc_fragment((C, BV), "float32")
             dW_f = T.alloc_fragment((C, BV), "float32")
@@ -375,10 +369,10 @@ def _bwd_dh_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str,
             if tx < 128:
                 T.set_max_nreg(NREG_PRODUCER, 0)
                 for p in T.serial(n_pairs):
-                    produce(0, 2 * p, n_chunks, bos, cbase, h, hk, v0, tx, q, k, do, Pg, Ag, fac,
-                            Q0, K0, O0, P0, A0, F0, full, empty, pair_empty)
-                    produce(1, 2 * p + 1, n_chunks, bos, cbase, h, hk, v0, tx, q, k, do, Pg, Ag, fac,
-                            Q1, K1, O1, P1, A1, F1, full, empty, pair_empty)
+                    produce(0, 2 * p, n_chunks, bos, cbase, h, hk, v0, q, k, do, Pg, Ag, fac,
+                            Q0, K0, O0, P0, A0, F0, full, empty)
+                    produce(1, 2 * p + 1, n_chunks, bos, cbase, h, hk, v0, q, k, do, Pg, Ag, fac,
+                            Q1, K1, O1, P1, A1, F1, full, empty)
             elif tx < 256:
                 T.set_max_nreg(NREG_STATE, 1)
                 for i, j in T.Parallel(K, BV):
@@ -401,8 +395,6 @@ def _bwd_dh_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str,
                     aux_step(1, 2 * p + 1, n_chunks, bos, eos, cbase, h, v0, scale, dh_out, dvp_out, dv_out,
                              Q1, K1, O1, P1, A1, F1, E1, S1, Vp1, W1, PT_s, PT_f,
                              full, empty, aux_ready, s_ready, v_ready, h_free, pt_ready, pt_free)
-            if paired:
-                cluster_pair.finish()
 
     configs = {} if auto_sync else {PassConfigKey.TL_DISABLE_THREAD_STORAGE_SYNC: True}
     return compile_for(T.prim_func(bwd_dh_ws), arch, configs)

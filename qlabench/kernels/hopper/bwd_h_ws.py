@@ -64,7 +64,6 @@ import tilelang.language as T
 from tilelang import PassConfigKey
 
 from ..common.build import compile_for
-from . import cluster_pair
 
 THREADS = 384  # producer, state, transition warpgroups
 NREG_PRODUCER = 40
@@ -83,15 +82,10 @@ def shared_memory_bytes(K: int, BV: int, C: int = 64, elem: int = 2) -> int:
     return ring + handoff + scratch
 
 
+@functools.cache
 def bwd_h_ws_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str, arch: str):
     """Compiled h-only recompute for one head configuration (runtime arguments as blackwell/bwd_h_pipelined.py)."""
-    return _bwd_h_ws(h_qk, h_v, K, V, BV, C, dtype, arch, cluster_pair.pairs(V // BV))
-
-
-@functools.cache
-def _bwd_h_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str, arch: str, paired: bool):
     NS = STAGES
-    mask = cluster_pair.MASK if paired else None
     if C != 64:
         raise ValueError(f"bwd_h_ws is written for C = 64 (one m64 wgmma per row block), got {C}")
     group = h_v // h_qk
@@ -104,15 +98,13 @@ def _bwd_h_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str, 
 
     @T.macro
     def produce(slot: int, c, n_run, bos, cbase, h, hk, v0, tx, k, v, A, fac, K_s, V_s, A_s, F_s, full,
-                empty, pair_empty):
+                empty):
         if c < n_run:
             T.mbarrier_wait_parity(empty[slot], ((c // NS) & 1) ^ 1)
-            if paired:
-                cluster_pair.claim_slot(pair_empty, slot, c // NS, tx)
             t0 = bos + c * C
-            T.tma_copy(k[t0:t0 + C, hk, :], K_s, barrier=full[slot], cluster_mask=mask)
+            T.tma_copy(k[t0:t0 + C, hk, :], K_s, barrier=full[slot])
             T.tma_copy(v[t0:t0 + C, h, v0:v0 + BV], V_s, barrier=full[slot])
-            T.tma_copy(A[t0:t0 + C, h, :], A_s, barrier=full[slot], cluster_mask=mask)
+            T.tma_copy(A[t0:t0 + C, h, :], A_s, barrier=full[slot])
             if tx < C:
                 for f in T.serial(3):
                     F_s[f, tx] = fac[cbase + c, h, f, tx]
@@ -185,7 +177,7 @@ def _bwd_h_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str, 
         h0: T.Tensor((n_seq, h_v, K, V), "float32"),
         h_out: T.Tensor((n_hc, h_v, K, V), dtype),
     ):
-        with T.Kernel(NV, (n_cu - 1) * h_v, threads=THREADS, **(cluster_pair.LAUNCH if paired else {})) as (iv, nh):
+        with T.Kernel(NV, (n_cu - 1) * h_v, threads=THREADS) as (iv, nh):
             K0 = T.alloc_shared((C, K), dtype)
             K1 = T.alloc_shared((C, K), dtype)
             V0 = T.alloc_shared((C, BV), dtype)
@@ -206,7 +198,6 @@ def _bwd_h_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str, 
             x_ready = T.alloc_barrier([128, 128])
             x_free = T.alloc_barrier([128, 128])
             h_free = T.alloc_barrier([128, 128])
-            pair_empty = T.alloc_cluster_barrier([cluster_pair.RANKS] * NS) if paired else None
             S_f = T.alloc_fragment((K, BV), "float32")
             KS_f = T.alloc_fragment((C, BV), "float32")
             X_f = T.alloc_fragment((C, K), "float32")
@@ -227,9 +218,9 @@ def _bwd_h_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str, 
                 T.set_max_nreg(NREG_PRODUCER, 0)
                 for p in T.serial(n_rounds):
                     produce(0, 2 * p, n_run, bos, cbase, h, hk, v0, tx, k, v, A, fac, K0, V0,
-                            A0, F0, full, empty, pair_empty)
+                            A0, F0, full, empty)
                     produce(1, 2 * p + 1, n_run, bos, cbase, h, hk, v0, tx, k, v, A, fac, K1, V1,
-                            A1, F1, full, empty, pair_empty)
+                            A1, F1, full, empty)
             elif tx < 256:
                 T.set_max_nreg(NREG_STATE, 1)
                 for i, j in T.Parallel(K, BV):
@@ -248,7 +239,5 @@ def _bwd_h_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str, 
                     transition_step(1, 1, 2 * p + 1, n_run, bos, eos, cbase, h, v0, h_out, K1,
                                     A1, F1, S1, X1, Ab_s, X_f, full, empty, s_ready,
                                     x_ready, x_free, h_free)
-            if paired:
-                cluster_pair.finish()
 
     return compile_for(T.prim_func(bwd_h_ws), arch, {PassConfigKey.TL_DISABLE_THREAD_STORAGE_SYNC: True})

@@ -28,7 +28,6 @@ from typing import NamedTuple
 import tilelang.language as T
 
 from ..common.chunk_fwd import start_state
-from . import cluster_pair
 
 BAR_OUTPUT = 2  # the output warpgroup's named barrier: O_s free before it is rewritten, written before the TMA store
 
@@ -45,11 +44,8 @@ class Roles(NamedTuple):
     finish_output: object
 
 
-def roles(C: int, K: int, BV: int, dtype: str, state_v_first: bool, paired: bool = False) -> Roles:
-    """The shared macros for chunk size C, key width K, V tile BV, the inputs' dtype and state layout;
-    ``paired``: the block is one of a cluster of a chain's two V tiles, and the tiles both read (K, Ag, Q,
-    Pm) arrive by TMA multicast (hopper/cluster_pair.py)."""
-    mask = cluster_pair.MASK if paired else None
+def roles(C: int, K: int, BV: int, dtype: str, state_v_first: bool) -> Roles:
+    """The shared macros for chunk size C, key width K, V tile BV, the inputs' dtype and state layout."""
 
     @T.macro
     def handoff_vd(U_f, gam_s, Vd_s, Vr_s, t0, eos):
@@ -80,19 +76,17 @@ def roles(C: int, K: int, BV: int, dtype: str, state_v_first: bool, paired: bool
 
     @T.macro
     def produce(slot: int, c, n_run, bos, eos, skip, h, hk, v0, tx, q, k, v, g_cumsum, Ag, Pm,
-                Q_s, K_s, V_s, Ag_s, P_s, gam_s, full, full_o, empty, pair_empty):
+                Q_s, K_s, V_s, Ag_s, P_s, gam_s, full, full_o, empty):
         if c < n_run:
             T.mbarrier_wait_parity(empty[slot], ((c // 2) & 1) ^ 1)
-            if paired:
-                cluster_pair.claim_slot(pair_empty, slot, c // 2, tx)
             t0 = bos + (skip + c) * C
             # the state chain's inputs first, on their own barrier: the chain starts before Q, Pm (the
             # output's) have landed
-            T.tma_copy(k[t0:t0 + C, hk, :], K_s, barrier=full[slot], cluster_mask=mask)
+            T.tma_copy(k[t0:t0 + C, hk, :], K_s, barrier=full[slot])
             T.tma_copy(v[t0:t0 + C, h, v0:v0 + BV], V_s, barrier=full[slot])
-            T.tma_copy(Ag[t0:t0 + C, h, :], Ag_s, barrier=full[slot], cluster_mask=mask)
-            T.tma_copy(q[t0:t0 + C, hk, :], Q_s, barrier=full_o[slot], cluster_mask=mask)
-            T.tma_copy(Pm[t0:t0 + C, h, :], P_s, barrier=full_o[slot], cluster_mask=mask)
+            T.tma_copy(Ag[t0:t0 + C, h, :], Ag_s, barrier=full[slot])
+            T.tma_copy(q[t0:t0 + C, hk, :], Q_s, barrier=full_o[slot])
+            T.tma_copy(Pm[t0:t0 + C, h, :], P_s, barrier=full_o[slot])
             if tx < C:
                 gam_s[tx] = g_cumsum[T.min(t0 + tx, eos - 1), h]
             T.mbarrier_arrive(full[slot])
@@ -135,12 +129,12 @@ def roles(C: int, K: int, BV: int, dtype: str, state_v_first: bool, paired: bool
 
     @T.macro
     def producer_role(n_pairs, n_run, bos, eos, skip, h, hk, v0, tx, q, k, v, g_cumsum, Ag, Pm, ring0, ring1,
-                      full, full_o, empty, pair_empty=None):
+                      full, full_o, empty):
         for p in T.serial(n_pairs):
             produce(0, 2 * p, n_run, bos, eos, skip, h, hk, v0, tx, q, k, v, g_cumsum, Ag, Pm, *ring0, full, full_o,
-                    empty, pair_empty)
+                    empty)
             produce(1, 2 * p + 1, n_run, bos, eos, skip, h, hk, v0, tx, q, k, v, g_cumsum, Ag, Pm, *ring1, full,
-                    full_o, empty, pair_empty)
+                    full_o, empty)
 
     @T.macro
     def load_state(S_f, h0, has_h0, n, h, v0):

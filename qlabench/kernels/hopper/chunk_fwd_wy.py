@@ -50,7 +50,6 @@ import tilelang.language as T
 from tilelang import PassConfigKey
 
 from ..common.build import compile_for
-from . import cluster_pair
 from .chunk_fwd_roles import roles
 
 THREADS = 512  # producer, state, output, wu warpgroups
@@ -70,7 +69,7 @@ def chunk_fwd_wy_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dt
     import os
 
     auto_sync = os.environ.get("QLABENCH_WS_AUTO_SYNC", "0") == "1"
-    return _chunk_fwd_wy(h_qk, h_v, K, V, BV, C, dtype, state_v_first, arch, auto_sync, cluster_pair.pairs(V // BV))
+    return _chunk_fwd_wy(h_qk, h_v, K, V, BV, C, dtype, state_v_first, arch, auto_sync)
 
 
 def shared_memory_bytes(K: int, BV: int, C: int = 64, elem: int = 2) -> int:
@@ -84,7 +83,7 @@ def shared_memory_bytes(K: int, BV: int, C: int = 64, elem: int = 2) -> int:
 
 @functools.cache
 def _chunk_fwd_wy(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str, state_v_first: bool,
-                  arch: str, auto_sync: bool, paired: bool = False):
+                  arch: str, auto_sync: bool):
     if C != 64:
         raise ValueError(f"chunk_fwd_wy is written for C = 64 (one m64 wgmma per row block), got {C}")
     group = h_v // h_qk
@@ -97,7 +96,7 @@ def _chunk_fwd_wy(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: s
     n_skip = T.dynamic("n_skip")
     state_shape = (h_v, V, K) if state_v_first else (h_v, K, V)
 
-    R = roles(C, K, BV, dtype, state_v_first, paired)  # the shared macros (hopper/chunk_fwd_roles.py)
+    R = roles(C, K, BV, dtype, state_v_first)  # the shared macros (hopper/chunk_fwd_roles.py)
 
     @T.macro
     def wu_step(slot: int, c, n_run, bos, eos, skip, K_s, V_s, Ag_s, gam_s, W_s, Uw_f, W_f, Age_f, full, wu_ready,
@@ -177,7 +176,7 @@ def _chunk_fwd_wy(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: s
         store_h: T.int32,
         has_skip: T.int32,
     ):
-        with T.Kernel(NV, (n_cu - 1) * h_v, threads=THREADS, **(cluster_pair.LAUNCH if paired else {})) as (iv, nh):
+        with T.Kernel(NV, (n_cu - 1) * h_v, threads=THREADS) as (iv, nh):
             # input ring, slot 0 and slot 1
             Q0 = T.alloc_shared((C, K), dtype)
             Q1 = T.alloc_shared((C, K), dtype)
@@ -209,7 +208,6 @@ def _chunk_fwd_wy(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: s
             s_ready = T.alloc_barrier([128, 128])
             vd_ready = T.alloc_barrier([128, 128])
             o_free = T.alloc_barrier([128, 128])
-            pair_empty = T.alloc_cluster_barrier([cluster_pair.RANKS] * 2) if paired else None
             S_f = T.alloc_fragment((K, BV), "float32")
             U_f = T.alloc_fragment((C, BV), "float32")
             O_f = T.alloc_fragment((C, BV), "float32")
@@ -225,7 +223,7 @@ def _chunk_fwd_wy(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: s
             if tx < 128:
                 T.set_max_nreg(NREG_PRODUCER, 0)
                 R.producer_role(n_pairs, n_run, bos, eos, skip, h, hk, v0, tx, q, k, v, g_cumsum, Ag, Pm, ring0,
-                                ring1, full, full_o, empty, pair_empty)
+                                ring1, full, full_o, empty)
             elif tx < 256:
                 T.set_max_nreg(NREG_STATE, 1)
                 R.load_state(S_f, h0, has_h0, n, h, v0)
@@ -248,8 +246,6 @@ def _chunk_fwd_wy(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: s
                             has_h0)
                     wu_step(1, 2 * p + 1, n_run, bos, eos, skip, K1, V1, A1, G1, W1, Uw_f, W_f, Age_f, full, wu_ready,
                             has_h0)
-            if paired:
-                cluster_pair.finish()
 
     configs = {} if auto_sync else {PassConfigKey.TL_DISABLE_THREAD_STORAGE_SYNC: True}
     return compile_for(T.prim_func(chunk_fwd_wy), arch, configs)
