@@ -72,6 +72,7 @@ def bwd_prepare_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: st
         scale: T.float32,
     ):
         with T.Kernel(n_chunks, h_qk, threads=THREADS) as (c, hk):
+            T.annotate_min_blocks_per_sm(int(__import__("os").environ.get("QLABENCH_BP_MIN_BLOCKS", "3")))
             Q_s = T.alloc_shared((C, K), dtype)
             K_s = T.alloc_shared((C, K), dtype)
             A_s = T.alloc_shared((C, C), dtype)

@@ -74,6 +74,7 @@ def kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str,
     group = h_v // h_qk
     DIAG = 16
     THREADS = 128
+    MIN_BLOCKS = int(__import__("os").environ.get("QLABENCH_KKT_MIN_BLOCKS", "6"))
     if C not in (2 * DIAG, 4 * DIAG):
         raise ValueError(f"kkt_solve supports chunk sizes 32 and 64, got {C}")
     n_tok = T.dynamic("n_tok")
@@ -109,6 +110,7 @@ def kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str,
         scale: T.float32,
     ):
         with T.Kernel(n_chunks, h_v, threads=THREADS) as (c, h):
+            T.annotate_min_blocks_per_sm(MIN_BLOCKS)
             K_s = T.alloc_shared((C, K), dtype)
             Q_s = T.alloc_shared((C, K), dtype)
             b_s = T.alloc_shared((C,), "float32")
