@@ -29,7 +29,10 @@ so under GQA the group's v-heads re-read the same Q, K rows.
 H200, session 16 (results/h200/2026-12-02_s16/bwd-ab-*.log, in the API's backward, us, one block per (chunk,
 v-head) with T.copy loads -> this kernel): hk16_hv64 1x32768 528 -> 427, hk2_hv8 1x32768 71 -> 50, hk16_hv16
 1x32768 144 -> 141; Pg, Ag, fac unchanged (same gradients' errors).
-Shared memory (bf16): Q, K 2 x 16 KB, A, Pg, Ag 3 x 8 KB, gam/beta 0.5 KB: ~57 KB.
+Shared memory (bf16): Q, K 2 x 16 KB, A, Pg, Ag 3 x 8 KB, gam/beta 0.5 KB: ~57 KB. The launch bounds ask for three
+blocks per SM (72 registers; ptxas took 89 without them: two blocks). H200, session 17 (occ-ab.log, us, two ->
+three blocks): hk16_hv64 1x32768 431 -> 421, 8192x4 431 -> 420, hk16_hv16 140 -> 140, hk2_hv8 8192x4 50 -> 53:
+about neutral (the kernel is bound by its memory traffic).
 Pg and Ag are formed on fp32 fragments and copied to their (swizzled) shared tiles whole, by stmatrix,
 as kkt_solve's Pm and Ag are (session 13: the element-wise bf16 stores from the fragment layout put eight
 rows of one column in one shared-memory bank): 157 -> 145 us at hk16_hv16 1x32768, 599 -> 527 at
@@ -72,7 +75,7 @@ def bwd_prepare_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: st
         scale: T.float32,
     ):
         with T.Kernel(n_chunks, h_qk, threads=THREADS) as (c, hk):
-            T.annotate_min_blocks_per_sm(int(__import__("os").environ.get("QLABENCH_BP_MIN_BLOCKS", "3")))
+            T.annotate_min_blocks_per_sm(3)  # 72 registers instead of 89 (two blocks); 57 KB of shared memory allow three
             Q_s = T.alloc_shared((C, K), dtype)
             K_s = T.alloc_shared((C, K), dtype)
             A_s = T.alloc_shared((C, C), dtype)

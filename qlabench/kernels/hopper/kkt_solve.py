@@ -26,9 +26,15 @@ Grid: (NCmax chunks, H_v); blocks past the real chunk count exit. Threads: 128 (
     The diagonal blocks' substitution keeps each thread's column in registers (16 floats, the loops
     unrolled in the IR) instead of re-reading X_s with two 64-thread barriers per row: 249 vs 300 us
     at 1x32768 hk16_hv16, 926 vs 1122 at hk16_hv64, 128 vs 154 at hk2_hv8 (H200, session 7;
-    96 registers, still 5 blocks per SM; the same operations in the same order).
+    the same operations in the same order).
   * Q K^T on tensor cores first, masked in place on its fp32 fragment (exp of gam_i - gam_j <= 0 only),
-    then K K^T: one C x C fp32 fragment live at a time (96 registers, 5 blocks per SM).
+    then K K^T: one C x C fp32 fragment live at a time.
+  * Occupancy: the launch bounds ask for six blocks per SM (``T.annotate_min_blocks_per_sm``): 80 registers
+    (4 bytes of spill without A, none with), where ptxas took 121-125 without them since the TMA loads
+    (session 15), i.e. four blocks; 36.5 KB of shared memory allow six. H200, session 17, in the API's
+    forward (results/h200/2026-12-02_s17/occ-ab.log, one call, us, four -> six blocks): hk16_hv64 1x32768
+    653 -> 614, 8192x4 649 -> 611, hk32_hv32 8192x4 339 -> 314, hk16_hv16 1x32768 (CP) 173 -> 161, hk2_hv8
+    1x32768 (CP) 88 -> 83; o / ht errors unchanged.
   * Every C x C tile moves between registers and shared memory whole: Pm and Ag (Ag formed on Q K^T's dead
     fragment) by stmatrix into swizzled bf16 stage tiles, L = strict_lower(diag(beta) K K^T) by a fragment
     copy, X = 0 by vector fills. ncu on the H200 (session 13, hk16_hv64 1x32768): the kernel was bound by
@@ -74,7 +80,7 @@ def kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str,
     group = h_v // h_qk
     DIAG = 16
     THREADS = 128
-    MIN_BLOCKS = int(__import__("os").environ.get("QLABENCH_KKT_MIN_BLOCKS", "6"))
+    MIN_BLOCKS = 6  # register budget for six blocks per SM (80 registers); shared memory allows six
     if C not in (2 * DIAG, 4 * DIAG):
         raise ValueError(f"kkt_solve supports chunk sizes 32 and 64, got {C}")
     n_tok = T.dynamic("n_tok")
