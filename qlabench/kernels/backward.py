@@ -99,9 +99,6 @@ def _value_tile(chunks, h_v: int, sm_count: int, arch: str) -> int:
     from .value_tile import BACKWARD_STEP_US, value_tile
 
     tiles = value_tiles(arch)
-    import os
-    if os.environ.get("QLABENCH_BWD_BV"):  # prototype A/B switch (session 17, not landed)
-        return int(os.environ["QLABENCH_BWD_BV"])
     return value_tile(chunks, h_v, sm_count, {bv: BACKWARD_STEP_US[bv] for bv in tiles})
 
 

@@ -66,9 +66,9 @@ from tilelang import PassConfigKey
 from ..common.build import compile_for
 
 THREADS = 384  # producer, state, transition warpgroups
-NREG_PRODUCER = 24
-NREG_STATE = 104
-NREG_TRANSITION = 112
+NREG_PRODUCER = 40
+NREG_STATE = 216
+NREG_TRANSITION = 216
 BAR_STATE = 1  # named barrier ids (0 is __syncthreads)
 BAR_TRANSITION = 2
 STAGES = 2  # input ring depth; 4 measured slower on the H200 (hk16_hv16 1x32768 BV 32: 924 vs 876 us)
@@ -140,14 +140,14 @@ def bwd_h_ws_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype:
 
     @T.macro
     def transition_step(slot: int, b: int, c, n_run, bos, eos, cbase, h, v0, h_out, K_s, A_s, F_s, S_s, X_s,
-                        X_f, full, empty, s_ready, x_ready, x_free, h_free):
+                        Ab_s, X_f, full, empty, s_ready, x_ready, x_free, h_free):
         if c < n_run:
             ph = (c // 2) & 1
             t0 = bos + c * C
             T.mbarrier_wait_parity(full[slot], (c // NS) & 1)
             T.mbarrier_wait_parity(x_free[b], ph ^ 1)
             for i, j in T.Parallel(C, C):
-                A_s[i, j] = T.if_then_else((t0 + i < eos) & (j <= i), T.cast(A_s[i, j] * F_s[2, j], dtype),
+                Ab_s[i, j] = T.if_then_else((t0 + i < eos) & (j <= i), T.cast(A_s[i, j] * F_s[2, j], dtype),
                                             T.cast(0, dtype))
             if t0 + C > eos:
                 for i, d in T.Parallel(C, K):
@@ -155,10 +155,8 @@ def bwd_h_ws_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype:
                         K_s[i, d] = T.cast(0, dtype)
             T.fence_proxy_async()
             T.sync_threads(BAR_TRANSITION, 128)
-            T.gemm(A_s, K_s[:, 0:K // 2], X_f, transpose_A=True, clear_accum=True)
-            T.copy(X_f, X_s[:, 0:K // 2])
-            T.gemm(A_s, K_s[:, K // 2:K], X_f, transpose_A=True, clear_accum=True)
-            T.copy(X_f, X_s[:, K // 2:K])
+            T.gemm(Ab_s, K_s, X_f, transpose_A=True, clear_accum=True)
+            T.copy(X_f, X_s)
             T.fence_proxy_async()
             T.sync_threads(BAR_TRANSITION, 128)
             T.mbarrier_arrive(x_ready[b])
@@ -180,7 +178,6 @@ def bwd_h_ws_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype:
         h_out: T.Tensor((n_hc, h_v, K, V), dtype),
     ):
         with T.Kernel(NV, (n_cu - 1) * h_v, threads=THREADS) as (iv, nh):
-            T.annotate_min_blocks_per_sm(2)
             K0 = T.alloc_shared((C, K), dtype)
             K1 = T.alloc_shared((C, K), dtype)
             V0 = T.alloc_shared((C, BV), dtype)
@@ -194,6 +191,7 @@ def bwd_h_ws_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype:
             X0 = T.alloc_shared((C, K), dtype)
             X1 = T.alloc_shared((C, K), dtype)
             Y_s = T.alloc_shared((C, BV), dtype)
+            Ab_s = T.alloc_shared((C, C), dtype)
             full = T.alloc_barrier([128] * NS)
             empty = T.alloc_barrier([256] * NS)
             s_ready = T.alloc_barrier([128, 128])
@@ -202,7 +200,7 @@ def bwd_h_ws_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype:
             h_free = T.alloc_barrier([128, 128])
             S_f = T.alloc_fragment((K, BV), "float32")
             KS_f = T.alloc_fragment((C, BV), "float32")
-            X_f = T.alloc_fragment((C, K // 2), "float32")
+            X_f = T.alloc_fragment((C, K), "float32")
 
             tx = T.get_thread_binding()
             n = nh // h_v
@@ -236,10 +234,10 @@ def bwd_h_ws_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype:
                 T.set_max_nreg(NREG_TRANSITION, 1)
                 for p in T.serial(n_rounds):
                     transition_step(0, 0, 2 * p, n_run, bos, eos, cbase, h, v0, h_out, K0,
-                                    A0, F0, S0, X0, X_f, full, empty, s_ready,
+                                    A0, F0, S0, X0, Ab_s, X_f, full, empty, s_ready,
                                     x_ready, x_free, h_free)
                     transition_step(1, 1, 2 * p + 1, n_run, bos, eos, cbase, h, v0, h_out, K1,
-                                    A1, F1, S1, X1, X_f, full, empty, s_ready,
+                                    A1, F1, S1, X1, Ab_s, X_f, full, empty, s_ready,
                                     x_ready, x_free, h_free)
 
     return compile_for(T.prim_func(bwd_h_ws), arch, {PassConfigKey.TL_DISABLE_THREAD_STORAGE_SYNC: True})
