@@ -104,6 +104,7 @@ from .forward_cp import (
     check_cp_arguments,
     first_crossing,
     piece_initial_states,
+    slots_ahead_of,
 )
 
 __all__ = ["BackwardCPKernels", "chunk_gated_delta_rule_bwd_cp"]
@@ -316,12 +317,9 @@ def _bwd_cp(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, s
                               p.scale, 1)
                 flag[:P2] = read.to(torch.int32)
         # Chain from the last piece backwards (one launch): slot s of long sequence l = dS_start(last_l - s).
-        # into the head of dht_all = cat(slots, user_dht) (no cat pass)
+        # into the head of dht_all = cat(slots, user_dht)
         nl = len(plan.long_seqs)
-        n_rows = (plan.n_slots - 1) * nl
-        dht_all = torch.empty(n_rows + p.N, H, K, V, dtype=f32, device=dev)
-        dht_all[n_rows:].copy_(user_dht)
-        slots = dht_all[:n_rows].view(plan.n_slots - 1, nl, H, K, V)
+        dht_all, slots = slots_ahead_of(user_dht, plan.n_slots - 1, nl)
         src = (plan.bwd_slot_src if plan.n_slots > 2 else torch.zeros(0, nl, dtype=torch.int64, device=dev))
         kernels.correct(dS_loc[plan.bwd_slot_first], dS_loc, Mt, flag, src.to(torch.int32), slots, arch.name)
     else:

@@ -328,6 +328,16 @@ class PieceTransitions:
         return Mt, flag
 
 
+def slots_ahead_of(tail: torch.Tensor, n_slots: int, nl: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(all, slots): all = cat(slots, tail) allocated once (``tail``'s dtype and device) with ``tail`` copied
+    into its end, and slots `[n_slots, nl, *tail.shape[1:]]` the view of its head that the correction chain
+    writes, so no cat pass follows the chain (the forward's h0_all, the backward's dht_all)."""
+    n_rows = n_slots * nl
+    out = tail.new_empty((n_rows + tail.shape[0],) + tuple(tail.shape[1:]))
+    out[n_rows:].copy_(tail)
+    return out, out[:n_rows].view((n_slots, nl) + tuple(tail.shape[1:]))
+
+
 def _row_runs(rows) -> list[tuple[int, int, int]]:
     """(dst, src, length) runs of consecutive source rows in ``rows`` (None entries skipped)."""
     runs = []
@@ -394,11 +404,7 @@ def piece_initial_states(p, plan, state_v_first, q2, k2, v2, g_cumsum, Ag, Pm, u
         # (c) correction over piece positions, all long sequences at once: one chain launch. Its
         # states are [K, V]; with state_v_first the stored S^T and M^T are transposed around it.
         nl = len(plan.long_seqs)
-        # the chain writes its slots straight into the head of h0_all = cat(slots, user_h0) (no cat pass)
-        n_rows = plan.n_slots * nl
-        h0_all = torch.empty((n_rows + user_h0.shape[0],) + state, dtype=sdt, device=dev)
-        slots = h0_all[:n_rows].view((plan.n_slots, nl) + state)
-        h0_all[n_rows:].copy_(user_h0)
+        h0_all, slots = slots_ahead_of(user_h0, plan.n_slots, nl)
         init = user_h0[plan.slot_seq]
         src = plan.slot_src
         if state_v_first:
