@@ -44,8 +44,7 @@ def twin_chunk_local_cumsum(g, table, C: int, arch: str, reverse: bool = False, 
     return out
 
 
-def twin_kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str, store_a: bool = True,
-                          store_pm: bool = True):
+def twin_kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str, store_a: bool = True):
     def kkt_solve(q, k, g_cumsum, beta, chunk_bounds, A, Ag, Pm, scale):
         qf, kf = _expand_heads(q, h_v), _expand_heads(k, h_v)
         gf, bf = g_cumsum.to(F64), beta.to(F64)
@@ -62,8 +61,7 @@ def twin_kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch:
             if store_a:
                 A[t0:end] = A_k.movedim(0, 1)[:n].to(A.dtype)
             Ag[t0:end] = (Gam * A_k * b[:, None, :]).movedim(0, 1)[:n].to(Ag.dtype)
-            if store_pm:
-                Pm[t0:end] = (scale * Gam * (Q_c @ K_c.transpose(-1, -2))).movedim(0, 1)[:n].to(Pm.dtype)
+            Pm[t0:end] = (scale * Gam * (Q_c @ K_c.transpose(-1, -2))).movedim(0, 1)[:n].to(Pm.dtype)
 
     return kkt_solve
 
@@ -77,7 +75,7 @@ def twin_chunk_fwd_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, 
         qf, kf, vf = _expand_heads(q, h_v), _expand_heads(k, h_v), v.to(F64)
         if has_h0 == 2:  # the transition mode: start from the identity, V read as zero
             vf = torch.zeros_like(vf)
-        gf, Agf = g_cumsum.to(F64), Ag.to(F64)  # Pm is formed here (forms_pm), as sm90's recurrences do
+        gf, Agf, Pmf = g_cumsum.to(F64), Ag.to(F64), Pm.to(F64)
         beta_dummy = torch.zeros_like(gf)
         cu, off = cu_seqlens.tolist(), chunk_offsets.tolist()
         n_seq = len(cu) - 1
@@ -102,13 +100,13 @@ def twin_chunk_fwd_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, 
                 if not bool(act.any()):
                     continue
                 end = min(t0 + C, eos)
-                _, _, e, r, gC, Gam = _chunk_gates(gf, beta_dummy, t0, end, C)
+                _, _, e, r, gC, _ = _chunk_gates(gf, beta_dummy, t0, end, C)
                 if store_h:
                     S_st = S.transpose(-1, -2) if state_v_first else S
                     h_out[off[n] + c, act] = S_st[act].to(h_out.dtype)
                 K_c, Q_c, V_c = (_chunk_rows(x, t0, end, C) for x in (kf, qf, vf))
                 Ag_c = _chunk_rows(Agf, t0, end, C)
-                Pm_c = scale * Gam * (Q_c @ K_c.transpose(-1, -2))
+                Pm_c = _chunk_rows(Pmf, t0, end, C)
                 W = V_c - e[..., None] * (K_c @ S)
                 Vd = Ag_c @ W
                 O = scale * e[..., None] * (Q_c @ S) + Pm_c @ Vd
@@ -120,9 +118,6 @@ def twin_chunk_fwd_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, 
         if len(cu) > 1:
             o[cu[-1]:] = 0
     return chunk_fwd
-
-
-twin_chunk_fwd_kernel.forms_pm = True
 
 
 def _twin_recurrence(n_blocks: int, sm_count: int, arch, bv: int | None = None):

@@ -80,7 +80,7 @@ from .common.cp_tables import cp_tables
 from .common.cumsum import chunk_local_cumsum
 from .cp import CPPlan, plan_cp
 from .dispatch import arch_for_device, kernel_factory
-from .forward import _sm_count, forms_pm, recurrence_kernel, solve_chunks
+from .forward import _sm_count, recurrence_kernel, solve_chunks
 from .validate import validate
 from .value_tile import FORWARD_STEP_US, chain_chunks, value_tile
 
@@ -190,11 +190,8 @@ def _fwd_cp(q, k, v, g, beta, p, initial_state, cu_seqlens, output_final_state, 
 
     # (a) cumsum + kkt_solve over the original sequences.
     g_cumsum = kernels.cumsum(g2, table, C, arch.name)
-    # Pm only for a recurrence that reads it (every V tile's candidate; forward.forms_pm)
-    keep_pm = not all(forms_pm(kernels.recurrence(0, sms, arch, bv=bv)) for bv in FORWARD_STEP_US)
-    A, Ag, Pm = solve_chunks(kernels.kkt_solve(p.h_qk, H, K, C, dtype, arch.name, keep_a, keep_pm), q2, k2, g_cumsum,
-                             beta2, table.chunk_bounds, C, p.scale, keep_a, keep_pm)
-    Pm = Ag if Pm is None else Pm  # the recurrences' Pm argument (never read when they form it)
+    A, Ag, Pm = solve_chunks(kernels.kkt_solve(p.h_qk, H, K, C, dtype, arch.name, keep_a), q2, k2, g_cumsum, beta2,
+                             table.chunk_bounds, C, p.scale, keep_a)
 
     state = (H, V, K) if state_v_first else (H, K, V)
     o = torch.empty(BT, H, V, dtype=q.dtype, device=dev)

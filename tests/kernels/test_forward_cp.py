@@ -7,7 +7,6 @@ truncation error (decay_threshold on).
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 import random
@@ -504,32 +503,6 @@ def test_without_a_same_output_and_no_a():
     (_, A2, o2, _, ht2), _ = _run(q, k, v, g, beta, h0, None, 8, 4, keep_a=False)
     assert A is not None and A2 is None
     assert torch.equal(o, o2) and torch.equal(ht, ht2)
-
-
-@pytest.mark.parametrize("forms_pm", [False, True], ids=["reads-Pm", "forms-Pm"])
-def test_pm_written_only_for_a_recurrence_that_reads_it(forms_pm):
-    """kkt_solve is asked for Pm (store_pm) only when a recurrence the call may pick reads it: a factory
-    marked ``forms_pm`` (sm90's chunk_fwd_ws / chunk_fwd_wy, the twin) gets Ag in Pm's place, never
-    written; o and the final state are the same either way."""
-    q, k, v, g, beta, h0 = _inputs(300, 1, 2, h0_n=1)
-    asked = []
-
-    def kkt_solve(*cfg):
-        asked.append(cfg[7] if len(cfg) > 7 else True)
-        return TWIN_KERNELS["kkt_solve"](*cfg)
-
-    def recurrence(n_blocks, sms, arch, bv=None):
-        twin = TWIN_KERNELS["recurrence"](n_blocks, sms, arch)
-        factory = functools.partial(twin)  # a factory without the twin's forms_pm mark reads Pm
-        if forms_pm:
-            factory.forms_pm = True
-        return factory
-
-    kernels = ForwardKernels(TWIN_KERNELS["cumsum"], kkt_solve, recurrence, TWIN_KERNELS["correct"])
-    (_, _, o, _, ht), _ = _run(q, k, v, g, beta, h0, None, 8, 4, kernels=kernels)
-    (_, _, o_ref, _, ht_ref), _ = _run(q, k, v, g, beta, h0, None, 8, 4)
-    assert asked == [not forms_pm]
-    assert torch.equal(o, o_ref) and torch.equal(ht, ht_ref)
 
 
 def test_head_sharded_calls_match_the_unsharded_call():

@@ -38,20 +38,16 @@ import functools
 import tilelang.language as T
 
 from ..common.build import compile_for
-from ..common.kkt_solve import build_l, load_chunk, store_a_ag
-from ..common.kkt_solve import store_pm as write_pm_rows  # (store_pm is the flag below)
+from ..common.kkt_solve import build_l, load_chunk, store_a_ag, store_pm
 from ..common.smem_layout import swizzled
 from ..common.tri_inverse import invert_diag_blocks, merge_32_to_64, merge_pairs
 
 
 @functools.cache
-def kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str, store_a: bool = True,
-                     store_pm: bool = True):
+def kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str, store_a: bool = True):
     group = h_v // h_qk
     DIAG = 16
     THREADS = 128
-    if not store_pm:
-        raise ValueError("the sm100 kkt_solve always writes Pm (its recurrences read it), got store_pm=False")
     if C != 4 * DIAG:
         raise ValueError(f"the sm100 kkt_solve is written for chunk size 64, got {C}")
     n_tok = T.dynamic("n_tok")
@@ -102,7 +98,7 @@ def kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str,
                 T.mbarrier_wait_parity(done[1], 0)
                 T.tcgen05_after_thread_sync()
                 T.copy(qkt_t, qkt)
-                write_pm_rows(qkt, gam_s, Pm_s, Pm, scale, start, end, h, C, dtype)
+                store_pm(qkt, gam_s, Pm_s, Pm, scale, start, end, h, C, dtype)
                 T.mbarrier_wait_parity(done[0], 0)
                 T.tcgen05_after_thread_sync()
                 T.copy(kkt_t, kkt)

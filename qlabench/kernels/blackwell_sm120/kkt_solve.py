@@ -9,7 +9,6 @@ from . import check_shared_memory
 
 
 @functools.cache
-def kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str, store_a: bool = True,
-                     store_pm: bool = True):
-    kernel = _hopper.kkt_solve_kernel(h_qk, h_v, K, C, dtype, arch, store_a, store_pm)
+def kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str, store_a: bool = True):
+    kernel = _hopper.kkt_solve_kernel(h_qk, h_v, K, C, dtype, arch, store_a)
     return check_shared_memory(kernel, f"kkt_solve hk{h_qk}_hv{h_v} C={C} {dtype}")

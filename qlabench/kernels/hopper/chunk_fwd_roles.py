@@ -75,8 +75,8 @@ def roles(C: int, K: int, BV: int, dtype: str, state_v_first: bool) -> Roles:
         return n, h, hk, v0, bos, eos, skip, n_run, n_pairs
 
     @T.macro
-    def produce(slot: int, c, n_run, bos, eos, skip, h, hk, v0, tx, q, k, v, g_cumsum, Ag,
-                Q_s, K_s, V_s, Ag_s, gam_s, full, full_o, empty):
+    def produce(slot: int, c, n_run, bos, eos, skip, h, hk, v0, tx, q, k, v, g_cumsum, Ag, Pm,
+                Q_s, K_s, V_s, Ag_s, P_s, gam_s, full, full_o, empty):
         if c < n_run:
             T.mbarrier_wait_parity(empty[slot], ((c // 2) & 1) ^ 1)
             t0 = bos + (skip + c) * C
@@ -86,6 +86,7 @@ def roles(C: int, K: int, BV: int, dtype: str, state_v_first: bool) -> Roles:
             T.tma_copy(v[t0:t0 + C, h, v0:v0 + BV], V_s, barrier=full[slot])
             T.tma_copy(Ag[t0:t0 + C, h, :], Ag_s, barrier=full[slot])
             T.tma_copy(q[t0:t0 + C, hk, :], Q_s, barrier=full_o[slot])
+            T.tma_copy(Pm[t0:t0 + C, h, :], P_s, barrier=full_o[slot])
             if tx < C:
                 gam_s[tx] = g_cumsum[T.min(t0 + tx, eos - 1), h]
             T.mbarrier_arrive(full[slot])
@@ -93,23 +94,13 @@ def roles(C: int, K: int, BV: int, dtype: str, state_v_first: bool) -> Roles:
 
     @T.macro
     def output_step(slot: int, c, n_run, bos, eos, skip, n, h, v0, scale, store_h, chunk_offsets, h_out, o,
-                    Q_s, K_s, gam_s, S_s, Vd_s, O_f, P_f, Pb_f, O_s, full, full_o, empty, s_ready, vd_ready, o_free):
+                    Q_s, P_s, gam_s, S_s, Vd_s, O_f, O_s, full_o, empty, s_ready, vd_ready, o_free):
         if c < n_run:
             ph = (c // 2) & 1
             t0 = bos + (skip + c) * C
             T.mbarrier_wait_parity(full_o[slot], ph)
-            T.mbarrier_wait_parity(full[slot], ph)  # K (the chain's tile)
-            # Pm = scale Gam .* Q K^T on chip: Q K^T issued before S is ready, Q S issued behind it, the mask
-            # formed while Q S runs: a select on the fp32 fragment (rows of K past eos meet only masked
-            # entries j > i), rounded to bf16 as wgmma's A operand
-            T.wgmma_gemm(Q_s, K_s, P_f, transpose_B=True, clear_accum=True)
             T.mbarrier_wait_parity(s_ready[slot], ph)
-            T.wgmma_gemm(Q_s, S_s, O_f, clear_accum=True)
-            T.wait_wgmma(1)
-            for i, j in T.Parallel(C, C):
-                Pb_f[i, j] = T.cast(T.if_then_else(j <= i, scale * T.exp(gam_s[i] - gam_s[j]) * P_f[i, j], 0.0),
-                                    dtype)
-            T.wait_wgmma(0)
+            T.gemm(Q_s, S_s, O_f, clear_accum=True)
             for i, j in T.Parallel(C, BV):
                 O_f[i, j] = O_f[i, j] * (scale * T.exp(gam_s[i]))
             if store_h != 0:
@@ -119,7 +110,7 @@ def roles(C: int, K: int, BV: int, dtype: str, state_v_first: bool) -> Roles:
                     else:
                         h_out[chunk_offsets[n] + skip + c, h, i, v0 + j] = S_s[i, j]
             T.mbarrier_wait_parity(vd_ready[slot], ph)
-            T.gemm(Pb_f, Vd_s, O_f)
+            T.gemm(P_s, Vd_s, O_f)
             T.mbarrier_arrive(o_free[slot])
             T.mbarrier_arrive(empty[slot])
             if t0 + C <= eos:
@@ -137,12 +128,12 @@ def roles(C: int, K: int, BV: int, dtype: str, state_v_first: bool) -> Roles:
                         o[t0 + i, h, v0 + j] = T.cast(O_f[i, j], dtype)
 
     @T.macro
-    def producer_role(n_pairs, n_run, bos, eos, skip, h, hk, v0, tx, q, k, v, g_cumsum, Ag, ring0, ring1,
+    def producer_role(n_pairs, n_run, bos, eos, skip, h, hk, v0, tx, q, k, v, g_cumsum, Ag, Pm, ring0, ring1,
                       full, full_o, empty):
         for p in T.serial(n_pairs):
-            produce(0, 2 * p, n_run, bos, eos, skip, h, hk, v0, tx, q, k, v, g_cumsum, Ag, *ring0, full, full_o,
+            produce(0, 2 * p, n_run, bos, eos, skip, h, hk, v0, tx, q, k, v, g_cumsum, Ag, Pm, *ring0, full, full_o,
                     empty)
-            produce(1, 2 * p + 1, n_run, bos, eos, skip, h, hk, v0, tx, q, k, v, g_cumsum, Ag, *ring1, full,
+            produce(1, 2 * p + 1, n_run, bos, eos, skip, h, hk, v0, tx, q, k, v, g_cumsum, Ag, Pm, *ring1, full,
                     full_o, empty)
 
     @T.macro
@@ -169,15 +160,12 @@ def roles(C: int, K: int, BV: int, dtype: str, state_v_first: bool) -> Roles:
 
     @T.macro
     def output_role(n_pairs, n_run, bos, eos, skip, n, n_cu, n_tok, h, v0, scale, store_h, chunk_offsets, h_out,
-                    o, ring0, ring1, hand0, hand1, O_f, P_f, Pb_f, O_s, full, full_o, empty, s_ready, vd_ready,
-                    o_free):
+                    o, ring0, ring1, hand0, hand1, O_f, O_s, full_o, empty, s_ready, vd_ready, o_free):
         for p in T.serial(n_pairs):
             output_step(0, 2 * p, n_run, bos, eos, skip, n, h, v0, scale, store_h, chunk_offsets, h_out, o,
-                        ring0[0], ring0[1], ring0[4], *hand0, O_f, P_f, Pb_f, O_s, full, full_o, empty, s_ready,
-                        vd_ready, o_free)
+                        ring0[0], ring0[4], ring0[5], *hand0, O_f, O_s, full_o, empty, s_ready, vd_ready, o_free)
             output_step(1, 2 * p + 1, n_run, bos, eos, skip, n, h, v0, scale, store_h, chunk_offsets, h_out, o,
-                        ring1[0], ring1[1], ring1[4], *hand1, O_f, P_f, Pb_f, O_s, full, full_o, empty, s_ready,
-                        vd_ready, o_free)
+                        ring1[0], ring1[4], ring1[5], *hand1, O_f, O_s, full_o, empty, s_ready, vd_ready, o_free)
         finish_output(o, n, n_cu, eos, n_tok, h, v0)
 
     return Roles(handoff_vd, block_run, produce, producer_role, output_step, output_role, load_state, store_state,

@@ -119,12 +119,9 @@ def chunk_fwd_ws_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dt
     return _chunk_fwd_ws(h_qk, h_v, K, V, BV, C, dtype, state_v_first, arch, auto_sync)
 
 
-chunk_fwd_ws_kernel.forms_pm = True  # the output warpgroup forms Pm on chip: the Pm argument is never read (forward.forms_pm)
-
-
 def shared_memory_bytes(K: int, BV: int, C: int = 64, elem: int = 2) -> int:
     """Dynamic shared memory of the kernel, from its allocations (the mbarriers are static)."""
-    ring = 2 * (2 * C * K + C * BV + C * C) * elem + 2 * C * 4  # Q, K, V, Ag, gam per slot
+    ring = 2 * (2 * C * K + C * BV + 2 * C * C) * elem + 2 * C * 4  # Q, K, V, Ag, Pm, gam per slot
     handoff = 2 * (K * BV + C * BV) * elem  # S_s, Vd_s per parity
     scratch = 2 * C * BV * elem  # W_s, Vr_s
     o_stage = C * BV * elem  # O_s, the output warpgroup's TMA-store staging tile
@@ -216,6 +213,8 @@ def _chunk_fwd_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: s
             V1 = T.alloc_shared((C, BV), dtype)
             A0 = T.alloc_shared((C, C), dtype)
             A1 = T.alloc_shared((C, C), dtype)
+            P0 = T.alloc_shared((C, C), dtype)
+            P1 = T.alloc_shared((C, C), dtype)
             G0 = T.alloc_shared((C,), "float32")
             G1 = T.alloc_shared((C,), "float32")
             # state -> output hand-off, double-buffered by chunk parity
@@ -237,17 +236,15 @@ def _chunk_fwd_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: s
             S_f = T.alloc_fragment((K, BV), "float32")
             U_f = T.alloc_fragment((C, BV), "float32")
             O_f = T.alloc_fragment((C, BV), "float32")
-            P_f = T.alloc_fragment((C, C), "float32")  # the output's Q K^T
-            Pb_f = T.alloc_fragment((C, C), dtype)  # Pm, the output's wgmma A operand
 
             tx = T.get_thread_binding()
-            ring0, ring1 = (Q0, K0, V0, A0, G0), (Q1, K1, V1, A1, G1)
+            ring0, ring1 = (Q0, K0, V0, A0, P0, G0), (Q1, K1, V1, A1, P1, G1)
             n, h, hk, v0, bos, eos, skip, n_run, n_pairs = R.block_run(cu_seqlens, chunk_skip, has_skip, iv, nh,
                                                                        h_v, group)
 
             if tx < 128:
                 T.set_max_nreg(NREG_PRODUCER, 0)
-                R.producer_role(n_pairs, n_run, bos, eos, skip, h, hk, v0, tx, q, k, v, g_cumsum, Ag, ring0,
+                R.producer_role(n_pairs, n_run, bos, eos, skip, h, hk, v0, tx, q, k, v, g_cumsum, Ag, Pm, ring0,
                                 ring1, full, full_o, empty)
             elif tx < 256:
                 T.set_max_nreg(NREG_STATE, 1)
@@ -262,8 +259,8 @@ def _chunk_fwd_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: s
             else:
                 T.set_max_nreg(NREG_OUTPUT, 1)
                 R.output_role(n_pairs, n_run, bos, eos, skip, n, n_cu, n_tok, h, v0, scale, store_h, chunk_offsets,
-                              h_out, o, ring0, ring1, (S0, D0), (S1, D1), O_f, P_f, Pb_f, O_s, full, full_o,
-                              empty, s_ready, vd_ready, o_free)
+                              h_out, o, ring0, ring1, (S0, D0), (S1, D1), O_f, O_s, full_o, empty, s_ready,
+                              vd_ready, o_free)
 
     configs = {} if auto_sync else {PassConfigKey.TL_DISABLE_THREAD_STORAGE_SYNC: True}
     return compile_for(T.prim_func(chunk_fwd_ws), arch, configs)

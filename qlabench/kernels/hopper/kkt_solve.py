@@ -69,16 +69,14 @@ import tilelang
 import tilelang.language as T
 
 from ..common.build import compile_for
-from ..common.kkt_solve import build_l, store_a_ag
-from ..common.kkt_solve import store_pm as write_pm_rows  # (store_pm is the flag below)
+from ..common.kkt_solve import build_l, store_a_ag, store_pm
 from ..common.smem_layout import swizzled
 from ..common.tma_rows import zero_rows_past_end
 from ..common.tri_inverse import invert_diag_blocks, merge_32_to_64, merge_pairs
 
 
 @functools.cache
-def kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str, store_a: bool = True,
-                     store_pm: bool = True):
+def kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str, store_a: bool = True):
     group = h_v // h_qk
     DIAG = 16
     THREADS = 128
@@ -90,24 +88,18 @@ def kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str,
 
     @T.macro
     def load_chunk(q, k, g_cumsum, beta, K_s, Q_s, b_s, gam_s, ld, start, end, by, hk):
-        """K (and Q when Pm is stored) rows of the chunk as TMA boxes of C rows (one elected thread; rows past
-        a partial chunk's end, the next sequence's tokens or the padding tail, are zeroed after they land: NaN
-        there would reach the chunk's own rows through the inverse's merge products), beta (zero past the end)
-        and gam (last row repeated) element-wise while the boxes fly."""
+        """K, Q rows of the chunk as TMA boxes of C rows (one elected thread; rows past a partial chunk's end,
+        the next sequence's tokens or the padding tail, are zeroed after they land: NaN there would reach
+        the chunk's own rows through the inverse's merge products), beta (zero past the end) and gam (last
+        row repeated) element-wise while the boxes fly."""
         T.tma_copy(k[start:start + C, hk, :], K_s, barrier=ld[0])
-        if store_pm:
-            T.tma_copy(q[start:start + C, hk, :], Q_s, barrier=ld[0])
+        T.tma_copy(q[start:start + C, hk, :], Q_s, barrier=ld[0])
         T.mbarrier_arrive(ld[0])
         for i in T.Parallel(C):
             b_s[i] = T.if_then_else(start + i < end, beta[start + i, by], 0.0)
             gam_s[i] = g_cumsum[T.min(start + i, end - 1), by]
         T.mbarrier_wait_parity(ld[0], 0)
-        if store_pm:
-            zero_rows_past_end(Q_s, K_s, start, end, C, K, dtype)
-        elif end - start < C:  # K alone (no Q without Pm)
-            for i, d in T.Parallel(C, K):
-                if start + i >= end:
-                    K_s[i, d] = T.cast(0, dtype)
+        zero_rows_past_end(Q_s, K_s, start, end, C, K, dtype)
         T.fence_proxy_async()
         T.sync_threads()
 
@@ -147,10 +139,9 @@ def kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str,
             hk = h // group
             if end > start:
                 load_chunk(q, k, g_cumsum, beta, K_s, Q_s, b_s, gam_s, ld, start, end, h, hk)
-                if store_pm:
-                    # Q K^T and its mask first, so that only one C x C fp32 fragment is live at a time
-                    T.gemm(Q_s, K_s, qkt, transpose_B=True, clear_accum=True)
-                    write_pm_rows(qkt, gam_s, Pm_s, Pm, scale, start, end, h, C, dtype)
+                # Q K^T and its mask first, so that only one C x C fp32 fragment is live at a time
+                T.gemm(Q_s, K_s, qkt, transpose_B=True, clear_accum=True)
+                store_pm(qkt, gam_s, Pm_s, Pm, scale, start, end, h, C, dtype)
                 T.gemm(K_s, K_s, kkt, transpose_B=True, clear_accum=True)
                 build_l(kkt, b_s, L_s, X_s, C)
                 # 16 x 16 diagonal blocks: forward substitution, one thread per (block, column)
@@ -159,10 +150,6 @@ def kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str,
                 merge_pairs(L_s, X_s, M_s, tx, C, DIAG, THREADS)  # 16 -> 32
                 if C == 4 * DIAG:  # 32 -> 64: two 32 x 32 x 32 products on tensor cores (tf32)
                     merge_32_to_64(L_s, X_s, M_s, M_f, C)
-                # Ag on a dead fp32 fragment: Q K^T's, or K K^T's (consumed by build_l) when there is no Q K^T
-                if store_pm:
-                    store_a_ag(X_s, gam_s, b_s, qkt, A_s, Ag_s, A, Ag, start, end, h, C, dtype, store_a)
-                else:
-                    store_a_ag(X_s, gam_s, b_s, kkt, A_s, Ag_s, A, Ag, start, end, h, C, dtype, store_a)
+                store_a_ag(X_s, gam_s, b_s, qkt, A_s, Ag_s, A, Ag, start, end, h, C, dtype, store_a)
 
     return compile_for(kkt_solve, arch, {tilelang.PassConfigKey.TL_ENABLE_AGGRESSIVE_SHARED_MEMORY_MERGE: True})
