@@ -69,8 +69,7 @@ import tilelang
 import tilelang.language as T
 
 from ..common.build import compile_for
-from ..common.kkt_solve import build_l, store_a_ag
-from ..common.kkt_solve import store_pm as write_pm_rows
+from ..common.kkt_solve import build_l, store_a_ag, store_pm
 from ..common.smem_layout import swizzled
 from ..common.tma_rows import zero_rows_past_end
 from ..common.tri_inverse import invert_diag_blocks, merge_32_to_64, merge_pairs
@@ -81,33 +80,27 @@ def kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str,
     group = h_v // h_qk
     DIAG = 16
     THREADS = 128
-    import os
-    MIN_BLOCKS = int(os.environ.get("QLABENCH_KKT_MIN_BLOCKS", "6"))  # A/B switch (temporary)
+    MIN_BLOCKS = 6  # register budget for six blocks per SM (80 registers); shared memory allows six
     if C not in (2 * DIAG, 4 * DIAG):
         raise ValueError(f"kkt_solve supports chunk sizes 32 and 64, got {C}")
     n_tok = T.dynamic("n_tok")
     n_chunks = T.dynamic("n_chunks")
 
     @T.macro
-    def load_qk(q, k, K_s, Q_s, ld, start, end, hk):
-        """K, Q rows of the chunk as TMA boxes of C rows on one mbarrier (one elected thread); rows past a partial
-        chunk's end, the next sequence's tokens or the padding tail, are zeroed after they land (NaN there would
-        reach the chunk's own rows through the inverse's merge products)."""
+    def load_chunk(q, k, g_cumsum, beta, K_s, Q_s, b_s, gam_s, ld, start, end, by, hk):
+        """K, Q rows of the chunk as TMA boxes of C rows (one elected thread; rows past a partial chunk's end,
+        the next sequence's tokens or the padding tail, are zeroed after they land: NaN there would reach
+        the chunk's own rows through the inverse's merge products), beta (zero past the end) and gam (last
+        row repeated) element-wise while the boxes fly."""
         T.tma_copy(k[start:start + C, hk, :], K_s, barrier=ld[0])
         T.tma_copy(q[start:start + C, hk, :], Q_s, barrier=ld[0])
         T.mbarrier_arrive(ld[0])
-        T.mbarrier_wait_parity(ld[0], 0)
-        zero_rows_past_end(Q_s, K_s, start, end, C, K, dtype)
-        T.fence_proxy_async()
-        T.sync_threads()
-
-    @T.macro
-    def load_gates(g_cumsum, beta, b_s, gam_s, start, end, by):
-        """v-head ``by``'s beta (zero past the chunk's end) and gam (last row repeated), then a block barrier
-        (the previous v-head's readers are past it: the caller syncs at the end of each v-head)."""
         for i in T.Parallel(C):
             b_s[i] = T.if_then_else(start + i < end, beta[start + i, by], 0.0)
             gam_s[i] = g_cumsum[T.min(start + i, end - 1), by]
+        T.mbarrier_wait_parity(ld[0], 0)
+        zero_rows_past_end(Q_s, K_s, start, end, C, K, dtype)
+        T.fence_proxy_async()
         T.sync_threads()
 
     @T.prim_func
@@ -122,17 +115,16 @@ def kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str,
         Pm: T.Tensor((n_tok, h_v, C), dtype),
         scale: T.float32,
     ):
-        with T.Kernel(n_chunks, h_qk, threads=THREADS) as (c, hk):
+        with T.Kernel(n_chunks, h_v, threads=THREADS) as (c, h):
             T.annotate_min_blocks_per_sm(MIN_BLOCKS)
             K_s = T.alloc_shared((C, K), dtype)
             Q_s = T.alloc_shared((C, K), dtype)
             b_s = T.alloc_shared((C,), "float32")
             gam_s = T.alloc_shared((C,), "float32")
-            qkt = T.alloc_fragment((C, C), "float32")  # Q K^T of the qk-head, kept over its group
-            kkt = T.alloc_fragment((C, C), "float32")  # K K^T of the qk-head, kept over its group
-            frag = T.alloc_fragment((C, C), "float32")  # a v-head's Pm, L, then Ag
+            qkt = T.alloc_fragment((C, C), "float32")
             L_s = T.alloc_shared((C, C), "float32")
             X_s = T.alloc_shared((C, C), "float32")
+            kkt = T.alloc_fragment((C, C), "float32")
             M_s = T.alloc_shared((C // 2, C // 2), "float32")
             M_f = T.alloc_fragment((C // 2, C // 2), "float32")
             Pm_s = T.alloc_shared((C, C), dtype)
@@ -144,29 +136,20 @@ def kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str,
             T.annotate_layout(swizzled(Pm_s, A_s, Ag_s))  # stage tiles written by stmatrix
             start = chunk_bounds[c, 0]
             end = chunk_bounds[c, 1]
+            hk = h // group
             if end > start:
-                load_qk(q, k, K_s, Q_s, ld, start, end, hk)
-                # the group's Pm from one Q K^T, then (Q K^T dead) its inverses from one K K^T: at most two
-                # C x C fp32 fragments live at a time
+                load_chunk(q, k, g_cumsum, beta, K_s, Q_s, b_s, gam_s, ld, start, end, h, hk)
+                # Q K^T and its mask first, so that only one C x C fp32 fragment is live at a time
                 T.gemm(Q_s, K_s, qkt, transpose_B=True, clear_accum=True)
-                for j in T.serial(group):
-                    load_gates(g_cumsum, beta, b_s, gam_s, start, end, hk * group + j)
-                    T.copy(qkt, frag)
-                    write_pm_rows(frag, gam_s, Pm_s, Pm, scale, start, end, hk * group + j, C, dtype)
-                    T.sync_threads()  # every thread past gam_s and Pm_s
+                store_pm(qkt, gam_s, Pm_s, Pm, scale, start, end, h, C, dtype)
                 T.gemm(K_s, K_s, kkt, transpose_B=True, clear_accum=True)
-                for j in T.serial(group):
-                    load_gates(g_cumsum, beta, b_s, gam_s, start, end, hk * group + j)
-                    T.copy(kkt, frag)
-                    build_l(frag, b_s, L_s, X_s, C)
-                    # 16 x 16 diagonal blocks: forward substitution, one thread per (block, column)
-                    invert_diag_blocks(L_s, X_s, x_col, tx, C, DIAG)
-                    # merge by doubling: X21 = -X22 (L21 X11) for every pair of s-blocks
-                    merge_pairs(L_s, X_s, M_s, tx, C, DIAG, THREADS)  # 16 -> 32
-                    if C == 4 * DIAG:  # 32 -> 64: two 32 x 32 x 32 products on tensor cores (tf32)
-                        merge_32_to_64(L_s, X_s, M_s, M_f, C)
-                    store_a_ag(X_s, gam_s, b_s, frag, A_s, Ag_s, A, Ag, start, end, hk * group + j, C, dtype,
-                               store_a)
-                    T.sync_threads()  # every thread past b_s, gam_s, X_s and the stage tiles
+                build_l(kkt, b_s, L_s, X_s, C)
+                # 16 x 16 diagonal blocks: forward substitution, one thread per (block, column)
+                invert_diag_blocks(L_s, X_s, x_col, tx, C, DIAG)
+                # merge by doubling: X21 = -X22 (L21 X11) for every pair of s-blocks
+                merge_pairs(L_s, X_s, M_s, tx, C, DIAG, THREADS)  # 16 -> 32
+                if C == 4 * DIAG:  # 32 -> 64: two 32 x 32 x 32 products on tensor cores (tf32)
+                    merge_32_to_64(L_s, X_s, M_s, M_f, C)
+                store_a_ag(X_s, gam_s, b_s, qkt, A_s, Ag_s, A, Ag, start, end, h, C, dtype, store_a)
 
     return compile_for(kkt_solve, arch, {tilelang.PassConfigKey.TL_ENABLE_AGGRESSIVE_SHARED_MEMORY_MERGE: True})
