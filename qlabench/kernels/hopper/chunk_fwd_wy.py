@@ -69,8 +69,7 @@ def chunk_fwd_wy_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dt
     import os
 
     auto_sync = os.environ.get("QLABENCH_WS_AUTO_SYNC", "0") == "1"
-    u_on_state = os.environ.get("QLABENCH_WY_U_ON_STATE", "1") == "1"  # A/B switch (temporary)
-    return _chunk_fwd_wy(h_qk, h_v, K, V, BV, C, dtype, state_v_first, arch, auto_sync, u_on_state)
+    return _chunk_fwd_wy(h_qk, h_v, K, V, BV, C, dtype, state_v_first, arch, auto_sync)
 
 
 def shared_memory_bytes(K: int, BV: int, C: int = 64, elem: int = 2) -> int:
@@ -84,7 +83,7 @@ def shared_memory_bytes(K: int, BV: int, C: int = 64, elem: int = 2) -> int:
 
 @functools.cache
 def _chunk_fwd_wy(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str, state_v_first: bool,
-                  arch: str, auto_sync: bool, u_on_state: bool = True):
+                  arch: str, auto_sync: bool):
     if C != 64:
         raise ValueError(f"chunk_fwd_wy is written for C = 64 (one m64 wgmma per row block), got {C}")
     group = h_v // h_qk
@@ -122,33 +121,22 @@ def _chunk_fwd_wy(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: s
             T.copy(Ag_s, Age_f)
             for i, j in T.Parallel(C, C):
                 Age_f[i, j] = T.cast(T.cast(Age_f[i, j], "float32") * -T.exp(gam_s[j]), dtype)
-            if u_on_state:
-                T.gemm(Age_f, K_s, W_f, clear_accum=True)
-            else:
-                T.wgmma_gemm(Ag_s, V_s, Uw_f, clear_accum=True)
-                T.wgmma_gemm(Age_f, K_s, W_f, clear_accum=True)
-                T.wait_wgmma(0)
-                T.sync_threads(BAR_WU, 128)  # every warp's product read V_s
-                T.copy(Uw_f, V_s)
+            T.wgmma_gemm(Ag_s, V_s, Uw_f, clear_accum=True)
+            T.wgmma_gemm(Age_f, K_s, W_f, clear_accum=True)
+            T.wait_wgmma(0)
+            T.sync_threads(BAR_WU, 128)  # every warp's product read V_s
+            T.copy(Uw_f, V_s)
             T.copy(W_f, W_s)
             T.fence_proxy_async()
             T.sync_threads(BAR_WU, 128)
             T.mbarrier_arrive(wu_ready[slot])
 
     @T.macro
-    def state_step(slot: int, c, n_run, bos, eos, skip, K_s, V_s, Ag_s, W_s, gam_s, S_s, Vd_s, Vr_s,
-                   S_f, U_f, full, wu_ready, empty, s_ready, vd_ready, o_free, has_h0):
+    def state_step(slot: int, c, n_run, bos, eos, skip, K_s, V_s, W_s, gam_s, S_s, Vd_s, Vr_s,
+                   S_f, U_f, wu_ready, empty, s_ready, vd_ready, o_free):
         if c < n_run:
             ph = (c // 2) & 1
             t0 = bos + (skip + c) * C
-            if u_on_state:
-                # U = Ag V issued as soon as V may be read (a whole chunk outside the transition mode: when it
-                # lands; else once the wu warpgroup has zeroed its rows past eos), in flight over the S hand-off
-                if t0 + C <= eos and has_h0 != 2:
-                    T.mbarrier_wait_parity(full[slot], ph)
-                else:
-                    T.mbarrier_wait_parity(wu_ready[slot], ph)
-                T.wgmma_gemm(Ag_s, V_s, U_f, clear_accum=True)
             T.mbarrier_wait_parity(wu_ready[slot], ph)
             T.mbarrier_wait_parity(o_free[slot], ph ^ 1)
             T.copy(S_f, S_s)
@@ -156,8 +144,7 @@ def _chunk_fwd_wy(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: s
             T.sync_threads(BAR_STATE, 128)
             T.mbarrier_arrive(s_ready[slot])
 
-            if not u_on_state:
-                T.copy(V_s, U_f)  # U (bf16, the wu warpgroup's) as the accumulator's start
+            T.copy(V_s, U_f)  # U (bf16, the wu warpgroup's) as the accumulator's start
             T.gemm(W_s, S_s, U_f)  # U_f = U - W S = Vd (W_s holds -W)
             R.handoff_vd(U_f, gam_s, Vd_s, Vr_s, t0, eos)
             T.fence_proxy_async()
@@ -241,10 +228,10 @@ def _chunk_fwd_wy(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: s
                 T.set_max_nreg(NREG_STATE, 1)
                 R.load_state(S_f, h0, has_h0, n, h, v0)
                 for p in T.serial(n_pairs):
-                    state_step(0, 2 * p, n_run, bos, eos, skip, K0, V0, A0, W0, G0, S0, D0, Vr_s,
-                               S_f, U_f, full, wu_ready, empty, s_ready, vd_ready, o_free, has_h0)
-                    state_step(1, 2 * p + 1, n_run, bos, eos, skip, K1, V1, A1, W1, G1, S1, D1, Vr_s,
-                               S_f, U_f, full, wu_ready, empty, s_ready, vd_ready, o_free, has_h0)
+                    state_step(0, 2 * p, n_run, bos, eos, skip, K0, V0, W0, G0, S0, D0, Vr_s,
+                               S_f, U_f, wu_ready, empty, s_ready, vd_ready, o_free)
+                    state_step(1, 2 * p + 1, n_run, bos, eos, skip, K1, V1, W1, G1, S1, D1, Vr_s,
+                               S_f, U_f, wu_ready, empty, s_ready, vd_ready, o_free)
                 if store_final != 0:
                     R.store_state(S_f, ht, n, h, v0)
             elif tx < 384:
