@@ -79,32 +79,3 @@ def merge_32_to_64(L_s, X_s, M_s, M_f, C: int):
     for i, j in T.Parallel(half, half):
         X_s[half + i, j] = -M_f[i, j]
     T.sync_threads()
-
-
-@T.macro
-def merge_pairs_16_tc(L_s, X_s, BL_s, BX_s, M_s, M_f, C: int):
-    """The 16 -> 32 level of a 64 x 64 X on tensor cores: for both 32 x 32 diagonal blocks (pairs p = 0, 1,
-    top = 32 p) X21 = -X22 (L21 X11) as two 32 x 32 x 32 fp32 (tf32) products of block-diagonal tiles:
-    BL = diag(L21 of pair 0, L21 of pair 1), BX = diag(X11 of both), then BX = diag(X22 of both); the
-    products' off-diagonal 16 x 16 blocks are zero and never read. ``BL_s``, ``BX_s``, ``M_s``: 32 x 32 fp32
-    scratch tiles, ``M_f`` a 32 x 32 fp32 fragment."""
-    half = C // 2
-    s = C // 4
-    for r, c in T.Parallel(half, half):
-        top = (r // s) * half
-        same = r // s == c // s
-        BL_s[r, c] = T.if_then_else(same, L_s[top + s + r % s, top + c % s], 0.0)
-        BX_s[r, c] = T.if_then_else(same, X_s[top + r % s, top + c % s], 0.0)
-    T.sync_threads()
-    T.gemm(BL_s, BX_s, M_f, clear_accum=True)
-    T.sync_threads()  # every warp's product read BL_s (M_s may share its bytes: disjoint lifetimes)
-    T.copy(M_f, M_s)
-    for r, c in T.Parallel(half, half):
-        top = (r // s) * half
-        BX_s[r, c] = T.if_then_else(r // s == c // s, X_s[top + s + r % s, top + s + c % s], 0.0)
-    T.sync_threads()
-    T.gemm(BX_s, M_s, M_f, clear_accum=True)
-    for r, c in T.Parallel(half, half):
-        if r // s == c // s:
-            X_s[(r // s) * half + s + r % s, (r // s) * half + c % s] = -M_f[r, c]
-    T.sync_threads()

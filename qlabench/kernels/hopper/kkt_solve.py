@@ -72,7 +72,7 @@ from ..common.build import compile_for
 from ..common.kkt_solve import build_l, store_a_ag, store_pm
 from ..common.smem_layout import swizzled
 from ..common.tma_rows import zero_rows_past_end
-from ..common.tri_inverse import invert_diag_blocks, merge_32_to_64, merge_pairs, merge_pairs_16_tc
+from ..common.tri_inverse import invert_diag_blocks, merge_32_to_64, merge_pairs
 
 
 @functools.cache
@@ -81,8 +81,6 @@ def kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str,
     DIAG = 16
     THREADS = 128
     MIN_BLOCKS = 6  # register budget for six blocks per SM (80 registers); shared memory allows six
-    import os
-    merge16_tc = C == 4 * DIAG and os.environ.get("QLABENCH_KKT_MERGE16", "tc") == "tc"  # A/B switch (temporary)
     if C not in (2 * DIAG, 4 * DIAG):
         raise ValueError(f"kkt_solve supports chunk sizes 32 and 64, got {C}")
     n_tok = T.dynamic("n_tok")
@@ -129,8 +127,6 @@ def kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str,
             kkt = T.alloc_fragment((C, C), "float32")
             M_s = T.alloc_shared((C // 2, C // 2), "float32")
             M_f = T.alloc_fragment((C // 2, C // 2), "float32")
-            BL_s = T.alloc_shared((C // 2, C // 2), "float32")
-            BX_s = T.alloc_shared((C // 2, C // 2), "float32")
             Pm_s = T.alloc_shared((C, C), dtype)
             A_s = T.alloc_shared((C, C), dtype)
             Ag_s = T.alloc_shared((C, C), dtype)
@@ -151,10 +147,7 @@ def kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str,
                 # 16 x 16 diagonal blocks: forward substitution, one thread per (block, column)
                 invert_diag_blocks(L_s, X_s, x_col, tx, C, DIAG)
                 # merge by doubling: X21 = -X22 (L21 X11) for every pair of s-blocks
-                if merge16_tc:
-                    merge_pairs_16_tc(L_s, X_s, BL_s, BX_s, M_s, M_f, C)  # 16 -> 32 on tensor cores
-                else:
-                    merge_pairs(L_s, X_s, M_s, tx, C, DIAG, THREADS)  # 16 -> 32
+                merge_pairs(L_s, X_s, M_s, tx, C, DIAG, THREADS)  # 16 -> 32
                 if C == 4 * DIAG:  # 32 -> 64: two 32 x 32 x 32 products on tensor cores (tf32)
                     merge_32_to_64(L_s, X_s, M_s, M_f, C)
                 store_a_ag(X_s, gam_s, b_s, qkt, A_s, Ag_s, A, Ag, start, end, h, C, dtype, store_a)
