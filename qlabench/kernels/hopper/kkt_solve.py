@@ -31,14 +31,10 @@ Grid: (NCmax chunks, H_v); blocks past the real chunk count exit. Threads: 128 (
     then K K^T: one C x C fp32 fragment live at a time.
   * Occupancy: the launch bounds ask for six blocks per SM (``T.annotate_min_blocks_per_sm``): 80 registers
     (4 bytes of spill without A, none with), where ptxas took 121-125 without them since the TMA loads
-    (session 15), i.e. four blocks. H200, session 17, in the API's forward (results/h200/2026-12-02_s17/
-    occ-ab.log, one call, us, four -> five blocks: shared memory held it at five, see below): hk16_hv64
-    1x32768 653 -> 614, 8192x4 649 -> 611, hk32_hv32 8192x4 339 -> 314, hk16_hv16 1x32768 (CP) 173 -> 161,
-    hk2_hv8 1x32768 (CP) 88 -> 83; o / ht errors unchanged. A block takes its dynamic buffer, the static
-    block (the mbarrier, padded to 1 KB by the dynamic buffer's 1024-byte alignment) and the driver's 1 KB:
-    with beta, gam in the dynamic buffer that was 36.5 + 1 + 1 KB, five blocks in the SM's 228 KB (ncu,
-    session 18: "Block Limit Shared Mem 5", achieved occupancy 30.8%). beta and gam now sit in the static
-    block's padding: 36 + 1 + 1 = 38 KB, six blocks (prepared in session 18, not yet measured).
+    (session 15), i.e. four blocks; 36.5 KB of shared memory allow six. H200, session 17, in the API's
+    forward (results/h200/2026-12-02_s17/occ-ab.log, one call, us, four -> six blocks): hk16_hv64 1x32768
+    653 -> 614, 8192x4 649 -> 611, hk32_hv32 8192x4 339 -> 314, hk16_hv16 1x32768 (CP) 173 -> 161, hk2_hv8
+    1x32768 (CP) 88 -> 83; o / ht errors unchanged.
   * Every C x C tile moves between registers and shared memory whole: Pm and Ag (Ag formed on Q K^T's dead
     fragment) by stmatrix into swizzled bf16 stage tiles, L = strict_lower(diag(beta) K K^T) by a fragment
     copy, X = 0 by vector fills. ncu on the H200 (session 13, hk16_hv64 1x32768): the kernel was bound by
@@ -61,8 +57,8 @@ Grid: (NCmax chunks, H_v); blocks past the real chunk count exit. Threads: 128 (
     H200, the API's forward (no A; results/h200/2026-12-02_s15/fwd-split-kkt.log): 681 -> 650 us at hk16_hv64
     1x32768, 182 -> 173 at hk16_hv16 (CP), 91 -> 88 at hk2_hv8 (CP), 349 -> 335 at hk16_hv32.
 Shared memory: Q, K 64x128 bf16 (32 KB) + L and X 64x64 fp32 (32 KB) + product scratch 32x32 fp32
-(4 KB) + the stage tiles: ~76 KB declared; TileLang overlaps buffers by lifetime: 36 KB dynamic as compiled
-(tests/kernels/test_kkt_solve_compile.py), plus beta, gam and the mbarrier in the 1 KB static block.
+(4 KB) + beta, gam: ~69 KB declared; TileLang overlaps buffers by lifetime (37 KB per block as compiled
+before the tensor-core merge, ncu).
 The elementwise steps around the products and the inverse are TileLang macros in common/kkt_solve.py,
 shared with blackwell/kkt_solve.py (which keeps common's element-wise load_chunk; this file loads by TMA).
 """
@@ -123,10 +119,8 @@ def kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str,
             T.annotate_min_blocks_per_sm(MIN_BLOCKS)
             K_s = T.alloc_shared((C, K), dtype)
             Q_s = T.alloc_shared((C, K), dtype)
-            # beta, gam in static shared memory: the mbarrier's 1 KB static block (padded to the dynamic
-            # buffer's 1024-byte alignment) holds them, so the dynamic part is 36 KB and six blocks fit
-            b_s = T.alloc_shared((C,), "float32", scope="shared")
-            gam_s = T.alloc_shared((C,), "float32", scope="shared")
+            b_s = T.alloc_shared((C,), "float32")
+            gam_s = T.alloc_shared((C,), "float32")
             qkt = T.alloc_fragment((C, C), "float32")
             L_s = T.alloc_shared((C, C), "float32")
             X_s = T.alloc_shared((C, C), "float32")
