@@ -31,10 +31,14 @@ Grid: (NCmax chunks, H_v); blocks past the real chunk count exit. Threads: 128 (
     then K K^T: one C x C fp32 fragment live at a time.
   * Occupancy: the launch bounds ask for six blocks per SM (``T.annotate_min_blocks_per_sm``): 80 registers
     (4 bytes of spill without A, none with), where ptxas took 121-125 without them since the TMA loads
-    (session 15), i.e. four blocks; 36.5 KB of shared memory allow six. H200, session 17, in the API's
-    forward (results/h200/2026-12-02_s17/occ-ab.log, one call, us, four -> six blocks): hk16_hv64 1x32768
-    653 -> 614, 8192x4 649 -> 611, hk32_hv32 8192x4 339 -> 314, hk16_hv16 1x32768 (CP) 173 -> 161, hk2_hv8
-    1x32768 (CP) 88 -> 83; o / ht errors unchanged.
+    (session 15), i.e. four blocks. H200, session 17, in the API's forward (results/h200/2026-12-02_s17/
+    occ-ab.log, one call, us, four -> five blocks: shared memory holds it at five, see below): hk16_hv64
+    1x32768 653 -> 614, 8192x4 649 -> 611, hk32_hv32 8192x4 339 -> 314, hk16_hv16 1x32768 (CP) 173 -> 161,
+    hk2_hv8 1x32768 (CP) 88 -> 83; o / ht errors unchanged. A block takes its dynamic buffer (36.5 KB), the
+    static block (the mbarrier, padded to 1 KB by the dynamic buffer's 1024-byte alignment) and the driver's
+    1 KB: 38.5 KB, five blocks in the SM's 228 KB (ncu, session 18: "Block Limit Shared Mem 5", achieved
+    occupancy 30.8%). Six need 512 bytes less: 4080257 (reverted, not measured) moves beta, gam into the
+    static block's padding.
   * Every C x C tile moves between registers and shared memory whole: Pm and Ag (Ag formed on Q K^T's dead
     fragment) by stmatrix into swizzled bf16 stage tiles, L = strict_lower(diag(beta) K K^T) by a fragment
     copy, X = 0 by vector fills. ncu on the H200 (session 13, hk16_hv64 1x32768): the kernel was bound by
@@ -57,8 +61,8 @@ Grid: (NCmax chunks, H_v); blocks past the real chunk count exit. Threads: 128 (
     H200, the API's forward (no A; results/h200/2026-12-02_s15/fwd-split-kkt.log): 681 -> 650 us at hk16_hv64
     1x32768, 182 -> 173 at hk16_hv16 (CP), 91 -> 88 at hk2_hv8 (CP), 349 -> 335 at hk16_hv32.
 Shared memory: Q, K 64x128 bf16 (32 KB) + L and X 64x64 fp32 (32 KB) + product scratch 32x32 fp32
-(4 KB) + beta, gam: ~69 KB declared; TileLang overlaps buffers by lifetime (37 KB per block as compiled
-before the tensor-core merge, ncu).
+(4 KB) + beta, gam + the stage tiles: ~77 KB declared; TileLang overlaps buffers by lifetime: 36.5 KB
+dynamic as compiled (tests/kernels/test_kkt_solve_compile.py).
 The elementwise steps around the products and the inverse are TileLang macros in common/kkt_solve.py,
 shared with blackwell/kkt_solve.py (which keeps common's element-wise load_chunk; this file loads by TMA).
 """
