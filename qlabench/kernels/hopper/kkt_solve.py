@@ -37,8 +37,8 @@ Grid: (NCmax chunks, H_v); blocks past the real chunk count exit. Threads: 128 (
     hk2_hv8 1x32768 (CP) 88 -> 83; o / ht errors unchanged. A block takes its dynamic buffer (36.5 KB), the
     static block (the mbarrier, padded to 1 KB by the dynamic buffer's 1024-byte alignment) and the driver's
     1 KB: 38.5 KB, five blocks in the SM's 228 KB (ncu, session 18: "Block Limit Shared Mem 5", achieved
-    occupancy 30.8%). Six need 512 bytes less: 4080257 (reverted, not measured) moves beta, gam into the
-    static block's padding.
+    occupancy 30.8%). Six need 512 bytes less: beta, gam in the static block's padding (4080257, reverted)
+    gave 0-1.5% (session 18, results/h200/2026-12-02_s18/kkt-static-gates*.log): not kept.
   * Every C x C tile moves between registers and shared memory whole: Pm and Ag (Ag formed on Q K^T's dead
     fragment) by stmatrix into swizzled bf16 stage tiles, L = strict_lower(diag(beta) K K^T) by a fragment
     copy, X = 0 by vector fills. ncu on the H200 (session 13, hk16_hv64 1x32768): the kernel was bound by
