@@ -84,7 +84,7 @@ def kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str,
     group = h_v // h_qk
     DIAG = 16
     THREADS = 128
-    MIN_BLOCKS = 6  # register budget for six blocks per SM (80 registers); shared memory allows six
+    MIN_BLOCKS = 6  # register budget for six blocks per SM (80 registers); shared memory holds it at five (header)
     if C not in (2 * DIAG, 4 * DIAG):
         raise ValueError(f"kkt_solve supports chunk sizes 32 and 64, got {C}")
     n_tok = T.dynamic("n_tok")
