@@ -80,6 +80,12 @@ def forward_kernels(h_qk: int, h_v: int, arch: str, dtype: str = "bfloat16",
                     lambda vf=vf, bv=bv, factory=factory: factory(h_qk, h_v, HEAD_DIM, HEAD_DIM, bv, C, dtype, vf,
                                                                   a.name),
                 ))
+        if has_kernel(a, "chunk_fwd_v128"):  # sm90's recurrence at V tile 128 (forward.forward_value_tile)
+            factory = kernel_factory(a, "chunk_fwd_v128")
+            jobs.append((
+                "chunk_fwd_v128", f"hk{h_qk}_hv{h_v} {dtype} BV=128 {'vk' if vf else 'kv'}",
+                lambda vf=vf, factory=factory: factory(h_qk, h_v, HEAD_DIM, HEAD_DIM, HEAD_DIM, C, dtype, vf, a.name),
+            ))
     return jobs
 
 

@@ -57,6 +57,7 @@ _HOPPER_FORWARD = {
     # the default recurrence on sm90 (forward.recurrence_role); verified on the H200
     "chunk_fwd_ws": "hopper.chunk_fwd_ws:chunk_fwd_ws_kernel",
     "chunk_fwd_wy": "hopper.chunk_fwd_wy:chunk_fwd_wy_kernel",
+    "chunk_fwd_v128": "hopper.chunk_fwd_v128:chunk_fwd_v128_kernel",
 }
 _HOPPER_BACKWARD = {
     "bwd_prepare": "hopper.bwd_prepare:bwd_prepare_kernel",

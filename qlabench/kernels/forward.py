@@ -1,6 +1,6 @@
 """Low-level forward: chunk_local_cumsum -> kkt_solve -> chunk recurrence (3 launches; the recurrence
-is hopper/chunk_fwd_ws.py (V tile 32) or chunk_fwd_wy.py (V tile 64) on sm90, the tile from the
-grid's predicted makespan (value_tile.py), the TMA-pipelined chunk_fwd elsewhere: recurrence_role,
+is hopper/chunk_fwd_ws.py (V tile 32), chunk_fwd_wy.py (64) or chunk_fwd_v128.py (128) on sm90, the tile
+from the grid's predicted makespan (forward_value_tile), the TMA-pipelined chunk_fwd elsewhere: recurrence_role,
 chosen by ``options`` (options.KernelOptions), or by QLABENCH_FWD_KERNEL without it).
 
 Nothing here syncs with the host: chunk tables are built on the device from cu_seqlens, so a call
@@ -70,7 +70,8 @@ def chunk_gated_delta_rule_fwd(
     h = torch.empty((n_h,) + state, dtype=q.dtype, device=dev)
     o = torch.empty(BT, p.h_v, p.V, dtype=q.dtype, device=dev)
     sms = _sm_count(dev)
-    BV = value_tile(chain_chunks(p.seq_bounds, p.N, C), p.h_v, sms, FORWARD_STEP_US, p.V)
+    BV = forward_value_tile(chain_chunks(p.seq_bounds, p.N, C), p.h_v, sms, arch, p.V,
+                            None if options is None else options.fwd_kernel)
     chunk_fwd_kernel = recurrence_kernel((p.V // BV) * p.N * p.h_v, sms, arch,
                                          None if options is None else options.fwd_kernel, BV)
     kernel = chunk_fwd_kernel(p.h_qk, p.h_v, p.K, p.V, BV, C, dtype, state_v_first, arch.name)
@@ -108,8 +109,8 @@ _RECURRENCE_ROLES = {
 def recurrence_role(n_blocks: int, sm_count: int, arch: Arch | str | None = None,
                     fwd_kernel: str | None = None, bv: int | None = None) -> str:
     """Kernel role of the chunk recurrence at V tile ``bv``: on sm90 the manually warp-specialized
-    ones, chunk_fwd_wy (the WY form of the state chain) at BV = 64 and chunk_fwd_ws at BV = 32 (or
-    ``bv`` None); elsewhere the TMA-pipelined one.
+    ones, chunk_fwd_v128 at BV = 128 (auto only), chunk_fwd_wy (the WY form of the state chain) at BV = 64
+    and chunk_fwd_ws at BV = 32 (or ``bv`` None); elsewhere the TMA-pipelined one.
 
     Measured on the H200 (results/h200/NOTES.md): the warp-specialized recurrence (producer / state /
     output warpgroups: only the state path on the per-chunk critical path) against the pipelined one,
@@ -131,6 +132,8 @@ def recurrence_role(n_blocks: int, sm_count: int, arch: Arch | str | None = None
     if choice == "auto":
         if arch is None or not has_kernel(arch, "chunk_fwd_ws"):
             return "chunk_fwd_pipelined"
+        if bv == 128 and has_kernel(arch, "chunk_fwd_v128"):
+            return "chunk_fwd_v128"
         return "chunk_fwd_wy" if bv == 64 and has_kernel(arch, "chunk_fwd_wy") else "chunk_fwd_ws"
     return _RECURRENCE_ROLES[choice]
 
@@ -140,6 +143,24 @@ def recurrence_kernel(n_blocks: int, sm_count: int, arch: Arch | str, fwd_kernel
     """The chunk-recurrence kernel factory of ``arch`` for a grid of ``n_blocks`` blocks at V tile
     ``bv`` (``fwd_kernel``, ``bv``: as recurrence_role)."""
     return kernel_factory(arch, recurrence_role(n_blocks, sm_count, arch, fwd_kernel, bv))
+
+
+def forward_value_tile(chunks, h_v: int, sm_count: int, arch: Arch, V: int, fwd_kernel: str | None = None) -> int:
+    """V tile of the forward's recurrence (a launch without the transition mode): value_tile over the
+    tiles ``arch`` has recurrences for, BV 128 (chunk_fwd_v128) only under the auto recurrence rule
+    (``fwd_kernel`` as recurrence_role; the A/B recurrences run 32 / 64). QLABENCH_FWD_BV=32|64|128
+    forces a tile (the A/B switch; 128 with a forced recurrence other than auto raises ValueError)."""
+    choice = env_choice("QLABENCH_FWD_KERNEL", ("auto",) + tuple(_RECURRENCE_ROLES), "auto") \
+        if fwd_kernel is None else fwd_kernel
+    wide = choice == "auto" and has_kernel(arch, "chunk_fwd_v128")
+    forced = env_choice("QLABENCH_FWD_BV", ("auto", "32", "64", "128"), "auto")
+    if forced == "128" and not wide:
+        raise ValueError(f"QLABENCH_FWD_BV=128 needs chunk_fwd_v128 (sm90, fwd_kernel auto), got {arch.name} "
+                         f"with fwd_kernel {choice!r}")
+    if forced != "auto":
+        return int(forced)
+    steps = {bv: us for bv, us in FORWARD_STEP_US.items() if bv != 128 or wide}
+    return value_tile(chunks, h_v, sm_count, steps, V)
 
 
 _SM_COUNTS: dict = {}

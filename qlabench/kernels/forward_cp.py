@@ -224,7 +224,8 @@ def _recurrence(kernels: ForwardKernels, pieces, p, C: int, dtype: str, state_v_
     """The chunk-recurrence kernel for a launch over ``pieces`` ((bos, eos, sequence) each; the V tile from
     their lengths, value_tile.py)."""
     chunks = chain_chunks(pieces, len(pieces), C)
-    BV = value_tile(chunks, p.h_v, sms, FORWARD_STEP_US, p.V)
+    # not BV 128: chunk_fwd_v128 has no transition mode, and CP runs on few chains (narrow tiles)
+    BV = value_tile(chunks, p.h_v, sms, {bv: us for bv, us in FORWARD_STEP_US.items() if bv != 128}, p.V)
     factory = kernels.recurrence((p.V // BV) * len(pieces) * p.h_v, sms, arch, bv=BV)
     return factory(p.h_qk, p.h_v, p.K, p.V, BV, C, dtype, state_v_first, arch.name)
 

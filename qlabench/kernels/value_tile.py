@@ -1,4 +1,5 @@
-"""V tile of the chunk recurrences: 32 or 64 state columns per block, chosen by the grid's makespan.
+"""V tile of the chunk recurrences: 32, 64 (or, forward on sm90, 128) state columns per block, chosen by
+the grid's makespan.
 
 The recurrences (forward chunk_fwd_ws at BV 32 / chunk_fwd_wy at BV 64, backward bwd_h and bwd_dh)
 run one block per (sequence or piece, v-head, V tile) that walks every chunk of its chain in order,
@@ -29,7 +30,10 @@ import heapq
 from collections.abc import Sequence
 
 # us per chunk step of one block, by V tile
-FORWARD_STEP_US = {32: 1.17, 64: 1.77}  # chunk_fwd_ws, chunk_fwd_wy
+# chunk_fwd_ws, chunk_fwd_wy, chunk_fwd_v128 (sm90 only: forward.forward_value_tile offers 128 where the arch
+# has it; never to the CP transition pass). BV 128: H200 session 19, 1577 us / 512 chunks at hk16_hv64
+# 1x32768 (one wave) and 789 / 256 at 8192x4 (two waves): 3.08, i.e. 1.54 per 64 columns against wy's 1.77
+FORWARD_STEP_US = {32: 1.17, 64: 1.77, 128: 3.08}
 BACKWARD_STEP_US = {32: 1.70 + 1.66, 64: 1.94 + 2.74}  # bwd_h_ws + bwd_dh_ws (one tile serves both)
 SIMULATED_WAVES = 16
 

@@ -3,7 +3,8 @@
 Every test goes through forward.py, which reads QLABENCH_FWD_KERNEL at call time: run the whole file
 on another recurrence with e.g. `QLABENCH_FWD_KERNEL=ws python -m pytest tests/kernels/test_forward_gpu.py`
 (ws: hopper/chunk_fwd_ws.py, the manually warp-specialized one). test_recurrence_kernels runs the
-varlen / partial-chunk / h0 / BV = 64 cases on each recurrence whatever the environment says.
+varlen / partial-chunk / h0 / BV = 64 cases on each recurrence whatever the environment says, and
+test_recurrence_v128 the V-tile-128 recurrence (QLABENCH_FWD_BV=128 forces that tile for a whole run).
 """
 
 from __future__ import annotations
@@ -100,6 +101,7 @@ def test_recurrence_kernels(fwd_kernel, case, state_v_first, monkeypatch):
     from qlabench.kernels.forward import recurrence_role
 
     monkeypatch.setenv("QLABENCH_FWD_KERNEL", fwd_kernel)
+    monkeypatch.delenv("QLABENCH_FWD_BV", raising=False)  # these kernels run 32 / 64
     assert recurrence_role(1, 132) == {"pipelined": "chunk_fwd_pipelined", "ws": "chunk_fwd_ws",
                                        "wy": "chunk_fwd_wy"}[fwd_kernel]
     if case == "varlen-bv32":
@@ -108,6 +110,25 @@ def test_recurrence_kernels(fwd_kernel, case, state_v_first, monkeypatch):
     else:
         cu = [0, 700, 1500]
         _check_forward(make_inputs(1530, 4, 64, cu_seqlens=cu, gate="bench", h0=True, state_v_first=state_v_first),
+                       1530)
+
+
+@pytest.mark.parametrize("case", ["varlen-h0", "two-seqs-zero-start"])
+@pytest.mark.parametrize("state_v_first", [False, True], ids=["kv", "vk"])
+def test_recurrence_v128(case, state_v_first, monkeypatch):
+    """hopper/chunk_fwd_v128 (V tile 128, forced by QLABENCH_FWD_BV) on partial chunks, an empty sequence, a
+    padding tail, h0 or a zero start, strong decay (qwen gates), both state layouts."""
+    from qlabench.kernels.forward import recurrence_role
+
+    monkeypatch.delenv("QLABENCH_FWD_KERNEL", raising=False)
+    monkeypatch.setenv("QLABENCH_FWD_BV", "128")
+    assert recurrence_role(1, 132, "sm90", None, 128) == "chunk_fwd_v128"
+    if case == "varlen-h0":
+        cu = [0, 100, 100, 229, 1000, 2497]
+        _check_forward(make_inputs(2600, 2, 4, cu_seqlens=cu, gate="qwen", h0=True, state_v_first=state_v_first), 2600)
+    else:
+        cu = [0, 700, 1500]
+        _check_forward(make_inputs(1530, 4, 64, cu_seqlens=cu, gate="qwen", h0=False, state_v_first=state_v_first),
                        1530)
 
 

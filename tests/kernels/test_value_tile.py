@@ -42,13 +42,26 @@ def test_backward_tiles(chunks, h_v, want):
 def test_forward_and_backward_differ_where_the_step_ratio_decides():
     # 96 equal chains: three waves at BV 32 against two at BV 64; the forward's step ratio (1.77 / 1.17)
     # is above 3 / 2, the backward's (4.68 / 3.36) below
-    assert value_tile([128] * 4, 24, 132, FORWARD_STEP_US) == 32
+    fwd_narrow = {bv: us for bv, us in FORWARD_STEP_US.items() if bv != 128}
+    assert value_tile([128] * 4, 24, 132, fwd_narrow) == 32
     assert value_tile([128] * 4, 24, 132, BACKWARD_STEP_US) == 64
+    # with sm90's BV 128 the 96 chains are one wave of 96 blocks at 3.08 us (394 us against 449 at BV 32)
+    assert value_tile([128] * 4, 24, 132, FORWARD_STEP_US) == 128
+
+
+@pytest.mark.parametrize("chunks,h_v,want", [
+    ([512], 64, 64),  # hk16_hv64 1x32768: 64 blocks at BV 128 leave half the SMs idle
+    ([128] * 4, 64, 128),  # hk16_hv64 8192x4: two waves at 128 (788 us) against four at 64 (906)
+    ([64] * 8, 32, 128),  # hk32_hv32 4096x8
+    ([512], 16, 32),  # hk16_hv16 1x32768
+])
+def test_forward_tiles(chunks, h_v, want):
+    assert value_tile(chunks, h_v, 132, FORWARD_STEP_US) == want
 
 
 def test_throughput_bound_grids_take_the_wide_tile_unsimulated():
     n = SIMULATED_WAVES * 132 // 4 + 1  # chains: BV 32 past SIMULATED_WAVES waves
-    assert value_tile([1] * n, 1, 132, FORWARD_STEP_US) == 64
+    assert value_tile([1] * n, 1, 132, FORWARD_STEP_US) == 128
     assert value_tile([1] * n, 1, 132, {64: 1.0}) == 64  # one tile offered: that one
 
 
