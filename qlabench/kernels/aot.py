@@ -61,6 +61,10 @@ def forward_kernels(h_qk: int, h_v: int, arch: str, dtype: str = "bfloat16",
         # without A: a forward no backward follows (forward.solve_chunks)
         ("kkt_solve", f"hk{h_qk}_hv{h_v} {dtype} no A",
          lambda: kkt_solve_kernel(h_qk, h_v, HEAD_DIM, C, dtype, a.name, False)),
+        # without Pm (with and without A): chunk_fwd_v128 forms it on chip (forward.forms_pm)
+        *([("kkt_solve", f"hk{h_qk}_hv{h_v} {dtype}{a_txt} no Pm",
+            lambda store_a=store_a: kkt_solve_kernel(h_qk, h_v, HEAD_DIM, C, dtype, a.name, store_a, False))
+           for store_a, a_txt in ((True, ""), (False, " no A"))] if has_kernel(a, "chunk_fwd_v128") else []),
         # the CP correction chain (forward and backward CP) and the CP forward's warm-up tables
         ("cp_correct", f"H={h_v} BV={BV_CORRECT}",
          lambda: cp_correct_kernel(h_v, HEAD_DIM, HEAD_DIM, BV_CORRECT, a.name)),

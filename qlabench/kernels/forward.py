@@ -58,9 +58,17 @@ def chunk_gated_delta_rule_fwd(
     beta2 = beta.reshape(BT, p.h_v).to(torch.float32).contiguous()
     table = chunk_table(cu_seqlens, p.seq_bounds, p.B, p.T, C, dev)
 
+    sms = _sm_count(dev)
+    BV = forward_value_tile(chain_chunks(p.seq_bounds, p.N, C), p.h_v, sms, arch, p.V,
+                            None if options is None else options.fwd_kernel)
+    chunk_fwd_kernel = recurrence_kernel((p.V // BV) * p.N * p.h_v, sms, arch,
+                                         None if options is None else options.fwd_kernel, BV)
+    keep_pm = not forms_pm(chunk_fwd_kernel)
+
     g_cumsum = chunk_local_cumsum(g2, table, C, arch.name)
-    kkt_kernel = kernel_factory(arch, "kkt_solve")(p.h_qk, p.h_v, p.K, C, dtype, arch.name, keep_a)
-    A, Ag, Pm = solve_chunks(kkt_kernel, q2, k2, g_cumsum, beta2, table.chunk_bounds, C, p.scale, keep_a)
+    kkt_kernel = kernel_factory(arch, "kkt_solve")(p.h_qk, p.h_v, p.K, C, dtype, arch.name, keep_a,
+                                                   *(() if keep_pm else (False,)))
+    A, Ag, Pm = solve_chunks(kkt_kernel, q2, k2, g_cumsum, beta2, table.chunk_bounds, C, p.scale, keep_a, keep_pm)
 
     state = (p.h_v, p.V, p.K) if state_v_first else (p.h_v, p.K, p.V)
     has_h0 = initial_state is not None
@@ -69,14 +77,9 @@ def chunk_gated_delta_rule_fwd(
     n_h = table.n_chunks_max if output_h else 1
     h = torch.empty((n_h,) + state, dtype=q.dtype, device=dev)
     o = torch.empty(BT, p.h_v, p.V, dtype=q.dtype, device=dev)
-    sms = _sm_count(dev)
-    BV = forward_value_tile(chain_chunks(p.seq_bounds, p.N, C), p.h_v, sms, arch, p.V,
-                            None if options is None else options.fwd_kernel)
-    chunk_fwd_kernel = recurrence_kernel((p.V // BV) * p.N * p.h_v, sms, arch,
-                                         None if options is None else options.fwd_kernel, BV)
     kernel = chunk_fwd_kernel(p.h_qk, p.h_v, p.K, p.V, BV, C, dtype, state_v_first, arch.name)
     no_skip = torch.empty(1, p.h_v, dtype=torch.int32, device=dev)  # has_skip = 0: never read
-    kernel(q2, k2, v2, g_cumsum, Ag, Pm, table.cu_seqlens, table.chunk_offsets, no_skip, h0, o, ht, h,
+    kernel(q2, k2, v2, g_cumsum, Ag, Ag if Pm is None else Pm, table.cu_seqlens, table.chunk_offsets, no_skip, h0, o, ht, h,
            p.scale, int(has_h0), int(bool(output_final_state)), int(bool(output_h)), 0)
     return (
         g_cumsum.reshape(p.B, p.T, p.h_v),
@@ -87,15 +90,24 @@ def chunk_gated_delta_rule_fwd(
     )
 
 
-def solve_chunks(kkt_kernel, q2, k2, g_cumsum, beta2, chunk_bounds, C: int, scale: float, keep_a: bool):
+def solve_chunks(kkt_kernel, q2, k2, g_cumsum, beta2, chunk_bounds, C: int, scale: float, keep_a: bool,
+                 keep_pm: bool = True):
     """Runs kkt_solve over every chunk and returns its outputs A, Ag, Pm (`[n_tok, H_v, C]` each, q's dtype).
     A is None unless ``keep_a``: the kernel then gets Ag in A's place and, compiled with store_a False, never
-    writes it (a forward no backward follows)."""
+    writes it (a forward no backward follows). Pm likewise unless ``keep_pm`` (kkt_solve compiled with
+    store_pm False: the recurrence forms Pm on chip, `forms_pm`); the recurrence then gets Ag in Pm's place."""
     n_tok, h_v = beta2.shape
     A, Ag, Pm = (torch.empty(n_tok, h_v, C, dtype=q2.dtype, device=q2.device) if keep else None
-                 for keep in (keep_a, True, True))
-    kkt_kernel(q2, k2, g_cumsum, beta2, chunk_bounds, Ag if A is None else A, Ag, Pm, scale)
+                 for keep in (keep_a, True, keep_pm))
+    kkt_kernel(q2, k2, g_cumsum, beta2, chunk_bounds, Ag if A is None else A, Ag, Ag if Pm is None else Pm, scale)
     return A, Ag, Pm
+
+
+def forms_pm(recurrence_factory) -> bool:
+    """Whether a chunk-recurrence kernel factory forms Pm = scale Gam .* Q K^T itself (its kernels never read
+    the Pm argument: hopper's chunk_fwd_v128), so kkt_solve need not write it. Marked by the factory's
+    ``forms_pm`` attribute."""
+    return bool(getattr(recurrence_factory, "forms_pm", False))
 
 
 _RECURRENCE_ROLES = {

@@ -65,3 +65,14 @@ def test_bwd_prepare_masks_leave_registers_whole():
     assert re.search(r"tma_load\(q_desc, ld\[0\]", src) and re.search(r"tma_load\(k_desc, ld\[0\]", src)
     assert len(re.findall(r"tma_load\(A_desc, ld\[1\]", src)) == 2  # the group's first v-head, then the next
     assert src.count("tl::wgmma_ss<") == 1 and "for (int j = 0; j < 4; ++j)" in src  # Q K^T once, then the group
+
+
+@pytest.mark.parametrize("store_a", [False, True], ids=["no-A", "with-A"])
+def test_without_pm_no_q(store_a):
+    """store_pm False (chunk_fwd_v128 forms Pm on chip): no Q box, no Q K^T, no Pm stage tile or store; Ag still
+    leaves by stmatrix, and K rows past a partial chunk's end are still zeroed before K K^T."""
+    src = kkt_solve_kernel(2, 8, K, C, "bfloat16", "sm90", store_a, False).get_kernel_source()
+    assert "q_desc" not in src and "Pm_s" not in src and "Pm_desc" not in src
+    assert src.count("ptx_stmatrix") == 1
+    assert src.count("tl::wgmma_ss<") == 1  # K K^T only
+    assert re.search(r"tma_load\(k_desc, ld\[0\], \(&\(\(\(bfloat16_t\*\)K_s\)", src)

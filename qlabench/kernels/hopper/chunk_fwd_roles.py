@@ -16,7 +16,8 @@ place):
     state's (S, Vd) hand-off tiles by chunk parity), the output's ending with finish_output.
   * output_step: the output warpgroup's step, O = scale diag(e) Q S + Pm Vd with S, Vd from the state
     warpgroup (s_ready, vd_ready), the optional per-chunk h rows, then O of a whole chunk through shared
-    memory and one TMA store (BAR_OUTPUT guards O_s), a partial last chunk row by row.
+    memory and one TMA store (BAR_OUTPUT guards O_s), a partial last chunk row by row. With ``pm_on_chip``
+    (chunk_fwd_v128) it first forms Pm = scale Gam .* Q K^T into the ring slot's P tile itself (no Pm load).
   * load_state / store_state: S from h0 (or 0) into the state fragment, and the final S into ht.
   * finish_output: the last TMA store drained; the last sequence's block zeroes o's padding tail.
 """
@@ -44,8 +45,10 @@ class Roles(NamedTuple):
     finish_output: object
 
 
-def roles(C: int, K: int, BV: int, dtype: str, state_v_first: bool) -> Roles:
-    """The shared macros for chunk size C, key width K, V tile BV, the inputs' dtype and state layout."""
+def roles(C: int, K: int, BV: int, dtype: str, state_v_first: bool, pm_on_chip: bool = False) -> Roles:
+    """The shared macros for chunk size C, key width K, V tile BV, the inputs' dtype and state layout.
+    ``pm_on_chip``: the output warpgroup forms Pm = scale Gam .* Q K^T itself into the ring slot's P tile (no
+    Pm load; kkt_solve runs without Pm, forward.forms_pm), as chunk_fwd_v128 does."""
 
     @T.macro
     def handoff_vd(U_f, gam_s, Vd_s, Vr_s, t0, eos):
@@ -86,7 +89,8 @@ def roles(C: int, K: int, BV: int, dtype: str, state_v_first: bool) -> Roles:
             T.tma_copy(v[t0:t0 + C, h, v0:v0 + BV], V_s, barrier=full[slot])
             T.tma_copy(Ag[t0:t0 + C, h, :], Ag_s, barrier=full[slot])
             T.tma_copy(q[t0:t0 + C, hk, :], Q_s, barrier=full_o[slot])
-            T.tma_copy(Pm[t0:t0 + C, h, :], P_s, barrier=full_o[slot])
+            if not pm_on_chip:
+                T.tma_copy(Pm[t0:t0 + C, h, :], P_s, barrier=full_o[slot])
             if tx < C:
                 gam_s[tx] = g_cumsum[T.min(t0 + tx, eos - 1), h]
             T.mbarrier_arrive(full[slot])
@@ -94,11 +98,24 @@ def roles(C: int, K: int, BV: int, dtype: str, state_v_first: bool) -> Roles:
 
     @T.macro
     def output_step(slot: int, c, n_run, bos, eos, skip, n, h, v0, scale, store_h, chunk_offsets, h_out, o,
-                    Q_s, P_s, gam_s, S_s, Vd_s, O_f, O_s, full_o, empty, s_ready, vd_ready, o_free):
+                    Q_s, P_s, gam_s, S_s, Vd_s, O_f, O_s, full_o, empty, s_ready, vd_ready, o_free, K_s=None,
+                    P_f=None, full=None):
         if c < n_run:
             ph = (c // 2) & 1
             t0 = bos + (skip + c) * C
             T.mbarrier_wait_parity(full_o[slot], ph)
+            if pm_on_chip:
+                # Pm = scale Gam .* Q K^T into the slot's P tile, before S is ready (off the state chain; one
+                # C x C fragment live, not beside O). Rows of K past eos (the next sequence, or zeros past the
+                # tensor; the value warpgroup may be zeroing them meanwhile) meet only entries j > i of the
+                # chunk's rows, removed by the select, or rows past eos, never stored.
+                T.mbarrier_wait_parity(full[slot], ph)
+                T.gemm(Q_s, K_s, P_f, transpose_B=True, clear_accum=True)
+                for i, j in T.Parallel(C, C):
+                    P_f[i, j] = T.if_then_else(j <= i, scale * T.exp(gam_s[i] - gam_s[j]) * P_f[i, j], 0.0)
+                T.copy(P_f, P_s)
+                T.fence_proxy_async()
+                T.sync_threads(BAR_OUTPUT, 128)
             T.mbarrier_wait_parity(s_ready[slot], ph)
             T.gemm(Q_s, S_s, O_f, clear_accum=True)
             for i, j in T.Parallel(C, BV):
@@ -160,12 +177,15 @@ def roles(C: int, K: int, BV: int, dtype: str, state_v_first: bool) -> Roles:
 
     @T.macro
     def output_role(n_pairs, n_run, bos, eos, skip, n, n_cu, n_tok, h, v0, scale, store_h, chunk_offsets, h_out,
-                    o, ring0, ring1, hand0, hand1, O_f, O_s, full_o, empty, s_ready, vd_ready, o_free):
+                    o, ring0, ring1, hand0, hand1, O_f, O_s, full_o, empty, s_ready, vd_ready, o_free, P_f=None,
+                    full=None):
         for p in T.serial(n_pairs):
             output_step(0, 2 * p, n_run, bos, eos, skip, n, h, v0, scale, store_h, chunk_offsets, h_out, o,
-                        ring0[0], ring0[4], ring0[5], *hand0, O_f, O_s, full_o, empty, s_ready, vd_ready, o_free)
+                        ring0[0], ring0[4], ring0[5], *hand0, O_f, O_s, full_o, empty, s_ready, vd_ready, o_free,
+                        ring0[1], P_f, full)
             output_step(1, 2 * p + 1, n_run, bos, eos, skip, n, h, v0, scale, store_h, chunk_offsets, h_out, o,
-                        ring1[0], ring1[4], ring1[5], *hand1, O_f, O_s, full_o, empty, s_ready, vd_ready, o_free)
+                        ring1[0], ring1[4], ring1[5], *hand1, O_f, O_s, full_o, empty, s_ready, vd_ready, o_free,
+                        ring1[1], P_f, full)
         finish_output(o, n, n_cu, eos, n_tok, h, v0)
 
     return Roles(handoff_vd, block_run, produce, producer_role, output_step, output_role, load_state, store_state,

@@ -10,9 +10,14 @@ H200 (session 19, results/h200/2026-12-02_s19/, recurrence alone, us, BV 64 chun
 hk16_hv64 8192x4 916 -> 789, 4096x8 971 -> 793; hk32_hv32 8192x4 468 -> 429, 4096x8 515 -> 424; hk16_hv32
 8192x4 460 -> 406; hk8_hv32 4096x8 472 -> 406; a step costs 3.08 us (1.54 per 64 columns, wy 1.77), so
 where BV 64 fits one wave (1x32768 at 64 v-heads: 901 vs 1577) the rule keeps 64. o / ht errors unchanged.
+Pm on chip (the output warpgroup forms it; kkt_solve compiled without Pm): whole forward, ms, Pm loaded -> on
+chip (same call, 2026-12-02_s19/pm-*.log): hk16_hv64 8192x4 1.417 -> 1.330 (kkt_solve 614 -> 484 us, this kernel
+789 -> 825), 4096x8 1.425 -> 1.334; hk32_hv32 8192x4 0.751 -> 0.691, 4096x8 0.739 -> 0.712; hk16_hv32 8192x4
+0.723 -> 0.679; hk8_hv32 4096x8 0.717 -> 0.678. (At BV 64 the same move was zero-sum, session 18: two V tiles
+formed Pm twice per (chunk, head).)
 
 Formula per chunk (as chunk_fwd_ws.py; gam = in-chunk cumsum of g clamped to the sequence's last token,
-e = exp(gam), r = exp(gam_C - gam), S is K x V fp32, Ag and Pm from kkt_solve):
+e = exp(gam), r = exp(gam_C - gam), S is K x V fp32, Ag from kkt_solve, Pm = scale Gam .* Q K^T formed here):
     U  = K S                      W  = V - diag(e) U
     Vd = Ag W
     O  = scale diag(e) Q S + Pm Vd
@@ -20,21 +25,23 @@ e = exp(gam), r = exp(gam_C - gam), S is K x V fp32, Ag and Pm from kkt_solve):
 
 Grid (1, N * H_v), 512 threads; roles split so that no warpgroup holds two C x V accumulators:
   * WG0 producer (24 registers): the ring's TMA boxes (chunk_fwd_roles.producer_role: K, V, Ag on full,
-    Q, Pm on full_o, gam).
+    Q on full_o, gam; no Pm).
   * WG1 state (176): owns S (128 x 128 fp32, 128 registers a thread). Per chunk: wait full (gam, K) and
     o_free of chunk c - 1 (the output is done with S_s); S_s = bf16(S); arrive s_ready; S *= exp(gam_C);
     wait vd_ready; S += K^T Vr; arrive empty.
   * WG2 value (152): wait full, s_ready; U = K S_s; W = V - e U (rows past eos zero) written over V_s; Vd =
     Ag W; wait o_free of chunk c - 1 (the output is done with Vd_s); Vd_s = Vd, Vr_s = r Vd; K_s rows past
     eos zeroed; arrive vd_ready, empty.
-  * WG3 output (160): chunk_fwd_roles.output_role with both hand-off parities on the one S_s / Vd_s pair.
+  * WG3 output (160): chunk_fwd_roles.output_role (pm_on_chip) with both hand-off parities on the one S_s /
+    Vd_s pair: per chunk Q K^T (wait full_o, full), Pm = scale Gam .* Q K^T into the ring slot's P tile (one
+    C x C fp32 fragment, before S is ready: off the state chain), then O = scale diag(e) Q S + Pm Vd.
 Hazards: S_s(c) is written after the state's K^T Vr(c - 1), which waited vd_ready(c - 1), which the value
 warpgroup arrives after its K S(c - 1): the value warpgroup is past S_s(c - 1); the output's reads of S_s and
 Vd_s are fenced by o_free. Vr_s(c) is written after s_ready(c), i.e. after the state's K^T Vr(c - 1).
-Shared memory (bf16 unless noted): ring 2 x (Q, K, V 16 KB each, Ag, Pm 8 KB each, gam 256 B) = 128.5 KB;
+Shared memory (bf16 unless noted): ring 2 x (Q, K, V 16 KB each, Ag, P 8 KB each, gam 256 B) = 128.5 KB;
 S_s 32 KB, Vd_s, Vr_s, O_s 16 KB each: 208.5 KB.
-Registers (ptxas, sm_90a, both layouts): 28 bytes of spill stores in the value and prologue regions (loop-
-invariant addresses), none in the state region, no serialized wgmma. With the transition mode's identity
+Registers (ptxas, sm_90a, both layouts): 44 bytes of spill stores in the output, value and prologue regions
+(loop-invariant addresses), none in the state region, no serialized wgmma. With the transition mode's identity
 start (128 predicated selects) ptxas kept S in local memory through the chunk loop at any state quota
 (1.4 KB of spills, serialized wgmma: session 18's prototype; SASS read in session 19).
 """
@@ -64,6 +71,9 @@ def chunk_fwd_v128_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, 
     return _chunk_fwd_v128(h_qk, h_v, K, V, C, dtype, state_v_first, arch)
 
 
+chunk_fwd_v128_kernel.forms_pm = True  # the output warpgroup forms Pm (forward.forms_pm: kkt_solve without it)
+
+
 
 @functools.cache
 def _chunk_fwd_v128(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, state_v_first: bool, arch: str):
@@ -79,7 +89,7 @@ def _chunk_fwd_v128(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, sta
     n_skip = T.dynamic("n_skip")
     state_shape = (h_v, V, K) if state_v_first else (h_v, K, V)
 
-    R = roles(C, K, BV, dtype, state_v_first)
+    R = roles(C, K, BV, dtype, state_v_first, pm_on_chip=True)
 
     @T.macro
     def load_state(S_f, h0, has_h0, n, h):
@@ -191,6 +201,7 @@ def _chunk_fwd_v128(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, sta
             S_f = T.alloc_fragment((K, BV), "float32")
             U_f = T.alloc_fragment((C, BV), "float32")
             O_f = T.alloc_fragment((C, BV), "float32")
+            P_f = T.alloc_fragment((C, C), "float32")  # the output's Q K^T, then Pm
 
             tx = T.get_thread_binding()
             ring0, ring1 = (Q0, K0, V0, A0, P0, G0), (Q1, K1, V1, A1, P1, G1)
@@ -219,6 +230,6 @@ def _chunk_fwd_v128(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, sta
                 T.set_max_nreg(NREG_OUTPUT, 1)
                 R.output_role(n_pairs, n_run, bos, eos, skip, n, n_cu, n_tok, h, v0, scale, store_h, chunk_offsets,
                               h_out, o, ring0, ring1, (S_s, Vd_s), (S_s, Vd_s), O_f, O_s, full_o, empty, s_ready,
-                              vd_ready, o_free)
+                              vd_ready, o_free, P_f, full)
 
     return compile_for(T.prim_func(chunk_fwd_v128), arch, {PassConfigKey.TL_DISABLE_THREAD_STORAGE_SYNC: True})

@@ -8,7 +8,9 @@ Formulas (gam = in-chunk cumsum of g, Gam[i, j] = exp(gam_i - gam_j) for j <= i 
 Ag and Pm depend only on the chunk, not on the state, so computing them here (all chunks in
 parallel, once per v-head) keeps them off the serial chunk recurrence, which only reads them.
 Rows past the sequence end are not written. Compiled with store_a False (a forward no backward
-follows: forward.solve_chunks), A is not written at all: only the backward reads it.
+follows: forward.solve_chunks), A is not written at all: only the backward reads it. Compiled with
+store_pm False (the recurrence forms Pm on chip: chunk_fwd_v128, forward.forms_pm), neither Q nor Q K^T
+nor Pm: H200 session 18, 614 -> 486 us at hk16_hv64 8192x4 (upstream's kkt_solve: 441).
 
 Grid: (NCmax chunks, H_v); blocks past the real chunk count exit. Threads: 128 (one warpgroup).
   * K K^T on tensor cores (wgmma 64x64x128, fp32 accumulate); rows past the chunk end are zero.
@@ -73,14 +75,16 @@ import tilelang
 import tilelang.language as T
 
 from ..common.build import compile_for
-from ..common.kkt_solve import build_l, store_a_ag, store_pm
+from ..common.kkt_solve import build_l, store_a_ag
+from ..common.kkt_solve import store_pm as write_pm_rows  # (store_pm is the flag below)
 from ..common.smem_layout import swizzled
 from ..common.tma_rows import zero_rows_past_end
 from ..common.tri_inverse import invert_diag_blocks, merge_32_to_64, merge_pairs
 
 
 @functools.cache
-def kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str, store_a: bool = True):
+def kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str, store_a: bool = True,
+                     store_pm: bool = True):
     group = h_v // h_qk
     DIAG = 16
     THREADS = 128
@@ -92,18 +96,24 @@ def kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str,
 
     @T.macro
     def load_chunk(q, k, g_cumsum, beta, K_s, Q_s, b_s, gam_s, ld, start, end, by, hk):
-        """K, Q rows of the chunk as TMA boxes of C rows (one elected thread; rows past a partial chunk's end,
-        the next sequence's tokens or the padding tail, are zeroed after they land: NaN there would reach
-        the chunk's own rows through the inverse's merge products), beta (zero past the end) and gam (last
-        row repeated) element-wise while the boxes fly."""
+        """K (and Q when Pm is stored) rows of the chunk as TMA boxes of C rows (one elected thread; rows past
+        a partial chunk's end, the next sequence's tokens or the padding tail, are zeroed after they land: NaN
+        there would reach the chunk's own rows through the inverse's merge products), beta (zero past the end)
+        and gam (last row repeated) element-wise while the boxes fly."""
         T.tma_copy(k[start:start + C, hk, :], K_s, barrier=ld[0])
-        T.tma_copy(q[start:start + C, hk, :], Q_s, barrier=ld[0])
+        if store_pm:
+            T.tma_copy(q[start:start + C, hk, :], Q_s, barrier=ld[0])
         T.mbarrier_arrive(ld[0])
         for i in T.Parallel(C):
             b_s[i] = T.if_then_else(start + i < end, beta[start + i, by], 0.0)
             gam_s[i] = g_cumsum[T.min(start + i, end - 1), by]
         T.mbarrier_wait_parity(ld[0], 0)
-        zero_rows_past_end(Q_s, K_s, start, end, C, K, dtype)
+        if store_pm:
+            zero_rows_past_end(Q_s, K_s, start, end, C, K, dtype)
+        elif end - start < C:  # K alone (no Q without Pm)
+            for i, d in T.Parallel(C, K):
+                if start + i >= end:
+                    K_s[i, d] = T.cast(0, dtype)
         T.fence_proxy_async()
         T.sync_threads()
 
@@ -143,9 +153,10 @@ def kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str,
             hk = h // group
             if end > start:
                 load_chunk(q, k, g_cumsum, beta, K_s, Q_s, b_s, gam_s, ld, start, end, h, hk)
-                # Q K^T and its mask first, so that only one C x C fp32 fragment is live at a time
-                T.gemm(Q_s, K_s, qkt, transpose_B=True, clear_accum=True)
-                store_pm(qkt, gam_s, Pm_s, Pm, scale, start, end, h, C, dtype)
+                if store_pm:
+                    # Q K^T and its mask first, so that only one C x C fp32 fragment is live at a time
+                    T.gemm(Q_s, K_s, qkt, transpose_B=True, clear_accum=True)
+                    write_pm_rows(qkt, gam_s, Pm_s, Pm, scale, start, end, h, C, dtype)
                 T.gemm(K_s, K_s, kkt, transpose_B=True, clear_accum=True)
                 build_l(kkt, b_s, L_s, X_s, C)
                 # 16 x 16 diagonal blocks: forward substitution, one thread per (block, column)
@@ -154,6 +165,10 @@ def kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str,
                 merge_pairs(L_s, X_s, M_s, tx, C, DIAG, THREADS)  # 16 -> 32
                 if C == 4 * DIAG:  # 32 -> 64: two 32 x 32 x 32 products on tensor cores (tf32)
                     merge_32_to_64(L_s, X_s, M_s, M_f, C)
-                store_a_ag(X_s, gam_s, b_s, qkt, A_s, Ag_s, A, Ag, start, end, h, C, dtype, store_a)
+                # Ag on a dead fp32 fragment: Q K^T's, or K K^T's (consumed by build_l) when there is no Q K^T
+                if store_pm:
+                    store_a_ag(X_s, gam_s, b_s, qkt, A_s, Ag_s, A, Ag, start, end, h, C, dtype, store_a)
+                else:
+                    store_a_ag(X_s, gam_s, b_s, kkt, A_s, Ag_s, A, Ag, start, end, h, C, dtype, store_a)
 
     return compile_for(kkt_solve, arch, {tilelang.PassConfigKey.TL_ENABLE_AGGRESSIVE_SHARED_MEMORY_MERGE: True})
