@@ -32,7 +32,9 @@ from collections.abc import Sequence
 # us per chunk step of one block, by V tile
 # chunk_fwd_ws, chunk_fwd_wy, chunk_fwd_v128 (sm90 only: forward.forward_value_tile offers 128 where the arch
 # has it; never to the CP transition pass). BV 128: H200 session 19, 1577 us / 512 chunks at hk16_hv64
-# 1x32768 (one wave) and 789 / 256 at 8192x4 (two waves): 3.08, i.e. 1.54 per 64 columns against wy's 1.77
+# 1x32768 (one wave) and 789 / 256 at 8192x4 (two waves): 3.08, i.e. 1.54 per 64 columns against wy's 1.77.
+# Since it forms Pm itself the step is ~3.22 (825 / 256) and kkt_solve runs without Pm (614 -> 484 us there,
+# ~0.5 us per step of that grid): the model's 3.08 sits between the two effects, which it does not model.
 FORWARD_STEP_US = {32: 1.17, 64: 1.77, 128: 3.08}
 BACKWARD_STEP_US = {32: 1.70 + 1.66, 64: 1.94 + 2.74}  # bwd_h_ws + bwd_dh_ws (one tile serves both)
 SIMULATED_WAVES = 16
