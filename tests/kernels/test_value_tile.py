@@ -74,3 +74,24 @@ def test_chain_chunks():
 def test_bad_sizes_raise():
     with pytest.raises(ValueError, match="h_v and sm_count must be positive, got 0, 132"):
         value_tile([1], 0, 132, FORWARD_STEP_US)
+
+
+def test_forward_value_tile_offers_128_on_sm90_auto_only(monkeypatch):
+    from qlabench.kernels.dispatch import arch_by_name
+    from qlabench.kernels.forward import forward_value_tile
+
+    monkeypatch.delenv("QLABENCH_FWD_BV", raising=False)
+    monkeypatch.delenv("QLABENCH_FWD_KERNEL", raising=False)
+    sm90, sm100 = arch_by_name("sm90"), arch_by_name("sm100")
+    chains = [128] * 4  # hk16_hv64 8192x4
+    assert forward_value_tile(chains, 64, 132, sm90, 128) == 128
+    assert forward_value_tile(chains, 64, 132, sm100, 128) == 64  # no chunk_fwd_v128 there
+    assert forward_value_tile(chains, 64, 132, sm90, 128, "wy") == 64  # a forced recurrence runs 32 / 64
+    monkeypatch.setenv("QLABENCH_FWD_BV", "32")
+    assert forward_value_tile(chains, 64, 132, sm90, 128) == 32
+    monkeypatch.setenv("QLABENCH_FWD_BV", "128")
+    with pytest.raises(ValueError, match="QLABENCH_FWD_BV=128 needs chunk_fwd_v128.*'ws'"):
+        forward_value_tile(chains, 64, 132, sm90, 128, "ws")
+    monkeypatch.setenv("QLABENCH_FWD_BV", "96")
+    with pytest.raises(ValueError, match="QLABENCH_FWD_BV must be one of"):
+        forward_value_tile(chains, 64, 132, sm90, 128)
