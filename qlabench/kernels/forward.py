@@ -118,6 +118,16 @@ _RECURRENCE_ROLES = {
 }
 
 
+def _recurrence_choice(fwd_kernel: str | None) -> str:
+    """``fwd_kernel``, or the QLABENCH_FWD_KERNEL switch without it: "auto" or a key of _RECURRENCE_ROLES
+    (anything else is a ValueError naming it)."""
+    choices = ("auto",) + tuple(_RECURRENCE_ROLES)
+    choice = env_choice("QLABENCH_FWD_KERNEL", choices, "auto") if fwd_kernel is None else fwd_kernel
+    if choice not in choices:
+        raise ValueError(f"fwd_kernel must be one of {', '.join(choices)}, got {choice!r}")
+    return choice
+
+
 def recurrence_role(n_blocks: int, sm_count: int, arch: Arch | str | None = None,
                     fwd_kernel: str | None = None, bv: int | None = None) -> str:
     """Kernel role of the chunk recurrence at V tile ``bv``: on sm90 the manually warp-specialized
@@ -137,10 +147,7 @@ def recurrence_role(n_blocks: int, sm_count: int, arch: Arch | str | None = None
     switch when given. ``n_blocks`` and ``sm_count`` are kept for grid-dependent rules.
     """
     del n_blocks, sm_count
-    choices = ("auto",) + tuple(_RECURRENCE_ROLES)
-    choice = env_choice("QLABENCH_FWD_KERNEL", choices, "auto") if fwd_kernel is None else fwd_kernel
-    if choice not in choices:
-        raise ValueError(f"fwd_kernel must be one of {', '.join(choices)}, got {choice!r}")
+    choice = _recurrence_choice(fwd_kernel)
     if choice == "auto":
         if arch is None or not has_kernel(arch, "chunk_fwd_ws"):
             return "chunk_fwd_pipelined"
@@ -162,8 +169,7 @@ def forward_value_tile(chunks, h_v: int, sm_count: int, arch: Arch, V: int, fwd_
     tiles ``arch`` has recurrences for, BV 128 (chunk_fwd_v128) only under the auto recurrence rule
     (``fwd_kernel`` as recurrence_role; the A/B recurrences run 32 / 64). QLABENCH_FWD_BV=32|64|128
     forces a tile (the A/B switch; 128 with a forced recurrence other than auto raises ValueError)."""
-    choice = env_choice("QLABENCH_FWD_KERNEL", ("auto",) + tuple(_RECURRENCE_ROLES), "auto") \
-        if fwd_kernel is None else fwd_kernel
+    choice = _recurrence_choice(fwd_kernel)
     wide = choice == "auto" and has_kernel(arch, "chunk_fwd_v128")
     forced = env_choice("QLABENCH_FWD_BV", ("auto", "32", "64", "128"), "auto")
     if forced == "128" and not wide:

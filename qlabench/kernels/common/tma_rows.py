@@ -12,9 +12,11 @@ import tilelang.language as T
 
 @T.macro
 def zero_rows_past_end(Q_s, K_s, t0, end, C: int, K: int, dtype: str):
-    """Rows t0 + i >= end of the two C x K tiles set to zero; nothing on a whole chunk (end - t0 >= C)."""
+    """Rows t0 + i >= end of the C x K tiles Q_s (None: K_s alone) and K_s set to zero; nothing on a whole
+    chunk (end - t0 >= C)."""
     if end - t0 < C:
         for i, d in T.Parallel(C, K):
             if t0 + i >= end:
-                Q_s[i, d] = T.cast(0, dtype)
+                if Q_s is not None:
+                    Q_s[i, d] = T.cast(0, dtype)
                 K_s[i, d] = T.cast(0, dtype)

@@ -74,7 +74,6 @@ def chunk_fwd_v128_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, 
 chunk_fwd_v128_kernel.forms_pm = True  # the output warpgroup forms Pm (forward.forms_pm: kkt_solve without it)
 
 
-
 @functools.cache
 def _chunk_fwd_v128(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, state_v_first: bool, arch: str):
     if C != 64:

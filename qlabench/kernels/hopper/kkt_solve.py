@@ -108,12 +108,7 @@ def kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str,
             b_s[i] = T.if_then_else(start + i < end, beta[start + i, by], 0.0)
             gam_s[i] = g_cumsum[T.min(start + i, end - 1), by]
         T.mbarrier_wait_parity(ld[0], 0)
-        if store_pm:
-            zero_rows_past_end(Q_s, K_s, start, end, C, K, dtype)
-        elif end - start < C:  # K alone (no Q without Pm)
-            for i, d in T.Parallel(C, K):
-                if start + i >= end:
-                    K_s[i, d] = T.cast(0, dtype)
+        zero_rows_past_end(Q_s if store_pm else None, K_s, start, end, C, K, dtype)  # no Q without Pm
         T.fence_proxy_async()
         T.sync_threads()
 
