@@ -43,11 +43,19 @@ def store_rows(tile_s, out, start, end, by, C: int):
 
 
 @T.macro
+def mask_pm(qkt, gam_s, scale, C: int):
+    """Pm = scale Gam .* Q K^T in place on the C x C fragment ``qkt`` (Q K^T); a select, so entries j > i
+    (rows of K past a chunk's end among them) are zero whatever they held. Also the BV-128 recurrence's
+    output warpgroup (hopper/chunk_fwd_roles.py, pm_on_chip)."""
+    for i, j in T.Parallel(C, C):
+        qkt[i, j] = T.if_then_else(j <= i, scale * T.exp(gam_s[i] - gam_s[j]) * qkt[i, j], 0.0)
+
+
+@T.macro
 def store_pm(qkt, gam_s, Pm_s, Pm, scale, start, end, by, C: int, dtype: str):
     """Pm = scale Gam .* Q K^T, masked in place on the fragment ``qkt`` (Q K^T) and copied to the C x C
     shared tile Pm_s as a whole (stmatrix into the kernels' swizzled stage tile), the chunk's rows only."""
-    for i, j in T.Parallel(C, C):
-        qkt[i, j] = T.if_then_else(j <= i, scale * T.exp(gam_s[i] - gam_s[j]) * qkt[i, j], 0.0)
+    mask_pm(qkt, gam_s, scale, C)
     T.copy(qkt, Pm_s)
     store_rows(Pm_s, Pm, start, end, by, C)
 

@@ -29,6 +29,7 @@ from typing import NamedTuple
 import tilelang.language as T
 
 from ..common.chunk_fwd import start_state
+from ..common.kkt_solve import mask_pm
 
 BAR_OUTPUT = 2  # the output warpgroup's named barrier: O_s free before it is rewritten, written before the TMA store
 
@@ -111,8 +112,7 @@ def roles(C: int, K: int, BV: int, dtype: str, state_v_first: bool, pm_on_chip: 
                 # chunk's rows, removed by the select, or rows past eos, never stored.
                 T.mbarrier_wait_parity(full[slot], ph)
                 T.gemm(Q_s, K_s, P_f, transpose_B=True, clear_accum=True)
-                for i, j in T.Parallel(C, C):
-                    P_f[i, j] = T.if_then_else(j <= i, scale * T.exp(gam_s[i] - gam_s[j]) * P_f[i, j], 0.0)
+                mask_pm(P_f, gam_s, scale, C)
                 T.copy(P_f, P_s)
                 T.fence_proxy_async()
                 T.sync_threads(BAR_OUTPUT, 128)
