@@ -68,8 +68,11 @@ def wy_inverse_grad(T2_f, KK_f, beta_s, tmp_f, red_f, dM_s, dbr_s, dAs_s, C: int
     T.reduce_sum(tmp_f, red_f, dim=1)
     for i in T.Parallel(C):
         dbr_s[i] = red_f[i]
+    # dAs on the (now dead) fragment, then copied whole: written element-wise into shared memory, its pairs
+    # of loads never batched (the stores may alias dM_s), 8% of bwd_chunk's samples (ncu, session 19)
     for i, j in T.Parallel(C, C):
-        dAs_s[i, j0 + j] = T.cast(dM_s[i, j] + dM_s[j, i], dtype)
+        tmp_f[i, j] = dM_s[i, j] + dM_s[j, i]
+    T.copy(tmp_f, dAs_s[:, j0:j0 + C])
 
 
 @T.macro
