@@ -44,10 +44,17 @@ def test_concurrent_branches_share_no_shared_memory(h_qk, h_v):
     assert not clashes, f"buffers placed over each other: {clashes}"
     assert max(r.stop for r in ranges.values()) <= SHARED_LIMIT
     assert src.count("threadIdx.x) < 128") == 1  # one branch point, before both loops
-    # the hand-off and the five per-v-head sync points of the two warpgroups
-    assert "__named_barrier_arrive(10, 256)" in src and "__sync_thread_partial(10, 256)" in src
-    for bar in (5, 6, 7, 8, 9):
+    # the six per-v-head sync points of the two warpgroups (the hand-off, 10, included: warpgroup 0 runs the
+    # dg / dbeta tail after it), and X's release (13): warpgroup 1 arrives once it has read X, 0 waits
+    for bar in (5, 6, 7, 8, 9, 10):
         assert src.count(f"__sync_thread_partial({bar}, 256)") == 2, bar
+    assert src.count("__named_barrier_arrive(13, 256)") == 1 and src.count("__sync_thread_partial(13, 256)") == 1
+    # no element-wise step draws a barrier per iteration (an in-place shared-memory update does: W, dU are
+    # formed on fragments and copied whole)
+    lines = src.splitlines()
+    in_loop = [n for n, line in enumerate(lines) if "__sync_thread_partial" in line
+               and any(re.match(r"\s*for \(int i_", x) for x in lines[max(0, n - 3):n])]  # element loops
+    assert not in_loop, [lines[n - 1].strip() for n in in_loop]
     # loads: TMA boxes (Q, K once per block; S0 / V, A, dv / dV', dO / dS per v-head on four mbarriers),
     # issued by one elected thread, none element-wise from global memory into these tiles
     for tile, desc in (("Q_s", "q"), ("K_s", "k"), ("S0_s", "h"), ("V_s", "v"), ("A_s", "A"), ("dv_s", "dv"),

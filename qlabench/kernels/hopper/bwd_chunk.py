@@ -44,24 +44,28 @@ Per v-head, each warpgroup w runs (named barriers at 256 threads between the ste
   * loads: after BAR_TOP warpgroup 0 issues the v-head's tiles in the order of first use, ld[0] = S0;
     ld[3] = V, A, dv; ld[1] = dV', dO (waited for only after V' = Ag W); ld[2] = dS (warpgroup 1 waits
     before V' dS^T); each warpgroup loads its half of gam, beta (element-wise) and waits on ld[0];
-  * U = K S0 on its half of the V columns (64x64x128) while V, A, dv land (ld[3]); Ag rows of its half;
-    dgam's e-term partial,
-    W = V - diag(e) U and dU = -diag(e) dv on those columns; then V' = Ag W on them (64x64x64);
+  * U = K S0 on its half of the V columns (64x64x128) while V, A, dv land (ld[3]); Ag of its half of the
+    columns; dgam's e-term partial, W = V - diag(e) U and dU = -diag(e) dv on those columns; then V' = Ag W
+    on them (64x64x64);
   * the C x C products on its half of the columns: dAb = dV' W^T, dPg = dO V'^T (64x32x128), P = Q K^T
-    (64x32x128); Y = dAb .* A, dbeta's column term colsum(Y) of its columns, then X, dA = dAb .* beta_col,
-    dP = scale Gam .* dPg;
-  * warpgroup 0 (dq): dgam's mask term rowsum(X) - colsum(X); dq += scale diag(e) dO S0^T (64x128x128)
-    and rowdot(Q, dq0); dq += dP K (64x128x64); the WY-inverse terms A^T dA, T1 A^T (64x64x64), K K^T
-    (64x64x128) -> dbeta's row term and dAs; then it arrives at the hand-off barrier;
-  * warpgroup 1 (dk): dk += r .* (V' dS^T) (64x128x128) and the r-terms; dk += dU S0^T (64x128x128) +
-    dP^T Q (64x128x64); sum(S0 .* dS) as row pairs; waits for dAs; dk += dAs K (64x128x64); the dgam0
-    tail and the dg / dbeta stores (row sums by thread pairs and a shuffle, no shared workspace).
+    (64x32x128); Y = dAb .* A, X, dA = dAb .* beta_col, dP = scale Gam .* dPg, then dbeta's column term
+    colsum(Y) of its columns;
+  * warpgroup 0 (dq): dq += scale diag(e) dO S0^T (64x128x128) and rowdot(Q, dq0); dq += dP K (64x128x64);
+    the WY-inverse terms A^T dA, T1 A^T (64x64x64), K K^T (64x64x128) -> dbeta's row term and dAs (dM into
+    F only once warpgroup 1 has read X there: BAR_XREAD); the hand-off barrier; the dgam0 tail and the
+    dg / dbeta stores (row sums by thread pairs and a shuffle, no shared workspace);
+  * warpgroup 1 (dk): dgam's mask term rowsum(X) - colsum(X) (then arrives at BAR_XREAD); dk += r .* (V' dS^T)
+    (64x128x128) and the r-terms; dk += dU S0^T (64x128x128) + dP^T Q (64x128x64); sum(S0 .* dS) as row
+    pairs; the hand-off barrier; dk += dAs K (64x128x64), in parallel with warpgroup 0's tail.
+  Every element-wise step that feeds shared memory (W, dU, Ag, Y, dA, dP, dM, dAs) is formed on a fragment and
+  copied whole: written element by element into shared memory its loads never batch (the stores may alias
+  them) and in-place updates draw a barrier per element pair.
   After the loops each warpgroup stores its sum once in the inputs' dtype.
 Shared memory (bf16 unless said): Q, K, V (then W; after the C x C products T1 in its first 64 columns
 and dAs in its last 64), dO, dV', dv (then dU), V' 7 x 16 KB; S0, dS 2 x 32 KB; A, Ag (then dA), dP
 3 x 8 KB; F (fp32 C x C: Y, then X, then dM) 16 KB; 11 fp32 C-vectors; 4 mbarriers: 219 KB. Every buffer keeps its
 own bytes (TileLang's default merge; no liveness-based overlap between the concurrent branches,
-tests/kernels/test_bwd_chunk_compile.py checks the compiled offsets). Registers (ptxas, sm_90a): 255,
+tests/kernels/test_bwd_chunk_compile.py checks the compiled offsets). Registers (ptxas, sm_90a): 168,
 no spills.
 H200, session 16 (results/h200/2026-12-02_s16/bwd-ab-*.log, one call, us, old -> S0 alone on ld[0] -> also the
 independent products issued back to back with one wait (wgmma_gemm: dAb, dPg, P; dP K with A^T dA; T1 A^T with
@@ -97,6 +101,7 @@ BAR_VP = 8  # V' columns of both halves (and both warpgroups past V' = Ag W: Ag 
 BAR_MASKS = 9  # Y's column sums, X, dA, dP of both halves
 BAR_HANDOFF = 10  # warpgroup 0's dAs, dbeta row term, dgq, dgm to warpgroup 1
 BAR_LOCAL = (11, 12)  # a warpgroup's own 128-thread barrier
+BAR_XREAD = 13  # warpgroup 1 has read X (the mask term) out of F_s: warpgroup 0 may write dM there
 
 
 @functools.cache
@@ -159,9 +164,12 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
                     A_s[w * HC + i, j] = T.cast(0, dtype)
         T.sync_threads(BAR_LOADED, 256)
         gam_last = gam_s[C - 1]  # noqa: F841 (a store into the caller's T.alloc_var)
-        for i, j in T.Parallel(HC, C):  # Ag = Gam .* A .* beta_col, this warpgroup's rows
-            Ag_s[w * HC + i, j] = T.cast(T.if_then_else(j <= w * HC + i, T.exp(gam_s[w * HC + i] - gam_s[j]), 0.0)
-                                         * A_s[w * HC + i, j] * beta_s[j], dtype)
+        # Ag = Gam .* A .* beta_col, this warpgroup's columns (in x_f: a product's accumulator touched while
+        # U = K S0 is in flight makes ptxas wait for it)
+        for i, j in T.Parallel(C, HC):
+            x_f[i, j] = (T.if_then_else(w * HC + j <= i, T.exp(gam_s[i] - gam_s[w * HC + j]), 0.0)
+                         * A_s[i, w * HC + j] * beta_s[w * HC + j])
+        T.copy(x_f, Ag_s[:, w * HC:(w + 1) * HC])
         T.wait_wgmma(0)
         # dgam's e-term partial, W and dU in place
         for i, j in T.Parallel(C, HV):
@@ -170,8 +178,10 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
         for i in T.Parallel(C):
             dgu_s[w, i] = -T.exp(gam_s[i]) * red_f[i]
         for i, j in T.Parallel(C, HV):
-            V_s[i, w * HV + j] = T.cast(V_s[i, w * HV + j] - T.exp(gam_s[i]) * U_f[i, j], dtype)
-            dv_s[i, w * HV + j] = T.cast(-T.exp(gam_s[i]) * dv_s[i, w * HV + j], dtype)
+            U_f[i, j] = V_s[i, w * HV + j] - T.exp(gam_s[i]) * U_f[i, j]
+            prod_f[i, j] = -T.exp(gam_s[i]) * dv_s[i, w * HV + j]
+        T.copy(U_f, V_s[:, w * HV:(w + 1) * HV])
+        T.copy(prod_f, dv_s[:, w * HV:(w + 1) * HV])
         T.fence_proxy_async()
         T.sync_threads(BAR_W, 256)
         # V' = Ag W on this half of the columns
@@ -196,11 +206,14 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
         T.wait_wgmma(0)
         for i, j in T.Parallel(C, HC):
             dec = T.if_then_else(w * HC + j <= i and t0 + i < end, T.exp(gam_s[i] - gam_s[w * HC + j]), 0.0)
-            F_s[i, w * HC + j] = dec * cc_f[i, j] * A_s[i, w * HC + j]  # Y
             x_f[i, j] = (dec * cc_f[i, j] * A_s[i, w * HC + j] * beta_s[w * HC + j]
                          + scale * dec * p_f[i, j] * dpg_f[i, j])  # X
-            Ag_s[i, w * HC + j] = T.cast(dec * cc_f[i, j] * beta_s[w * HC + j], dtype)  # dA
-            dP_s[i, w * HC + j] = T.cast(scale * dec * dpg_f[i, j], dtype)
+            p_f[i, j] = dec * cc_f[i, j] * A_s[i, w * HC + j]  # Y
+            cc_f[i, j] = dec * cc_f[i, j] * beta_s[w * HC + j]  # dA
+            dpg_f[i, j] = scale * dec * dpg_f[i, j]  # dP
+        T.copy(p_f, F_s[:, w * HC:(w + 1) * HC])
+        T.copy(cc_f, Ag_s[:, w * HC:(w + 1) * HC])
+        T.copy(dpg_f, dP_s[:, w * HC:(w + 1) * HC])
         # dbeta's column term colsum(Y) over this half's columns: 4 threads per column, 16 rows each
         T.sync_threads(BAR_LOCAL[w], 128)
         colsum = 0.0
@@ -215,6 +228,32 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
             F_s[i, w * HC + j] = x_f[i, j]
         T.fence_proxy_async()
         T.sync_threads(BAR_MASKS, 256)
+
+    @T.macro
+    def dg_tail(lt, gam_last: T.Ref, tail: T.Ref, rowsum: T.Ref, w: int, hv, sv_s, kt1_s, dgu_s, dgq_s, dgm_s, dgam_s,
+                dbc_s, dbr_s, dg_out, dbeta_out, t0, end):
+        """dgam0 = e-term - r-terms; the last real row L gets exp(gam_last) sum(S0 .* dS) + sum_{i < L} r-terms;
+        then dgam = dgam0 + rowdot(Q, dq0) + mask term; dg = its reverse in-chunk cumsum, dbeta = column term + row
+        term. Thread pair (2 i, 2 i + 1) of warpgroup w owns row i, each summing one half of the C terms."""
+        tail = 0.0
+        for jj in T.serial(HC):
+            tail = tail + (T.exp(gam_last) * sv_s[(lt & 1) * HC + jj]
+                           + T.if_then_else(t0 + (lt & 1) * HC + jj < end - 1, kt1_s[(lt & 1) * HC + jj], 0.0))
+        tail = tail + T.shfl_xor(tail, 1)
+        if (lt & 1) == 0:
+            dgam_s[lt >> 1] = T.if_then_else(
+                t0 + (lt >> 1) < end,
+                dgu_s[0, lt >> 1] + dgu_s[1, lt >> 1]
+                + T.if_then_else(t0 + (lt >> 1) == end - 1, tail, -kt1_s[lt >> 1])
+                + dgq_s[lt >> 1] + dgm_s[lt >> 1], 0.0)
+        T.sync_threads(BAR_LOCAL[w], 128)
+        rowsum = 0.0
+        for jj in T.serial(HC):
+            rowsum = rowsum + T.if_then_else((lt & 1) * HC + jj >= (lt >> 1), dgam_s[(lt & 1) * HC + jj], 0.0)
+        rowsum = rowsum + T.shfl_xor(rowsum, 1)
+        if (lt & 1) == 0 and t0 + (lt >> 1) < end:
+            dg_out[t0 + (lt >> 1), hv] = rowsum
+            dbeta_out[t0 + (lt >> 1), hv] = dbc_s[lt >> 1] + dbr_s[lt >> 1]
 
     @T.macro
     def store_rows(acc, out, t0, end, hk):
@@ -280,9 +319,8 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
             acc0 = T.alloc_fragment((C, K), "float32")  # dq0
             T1_f = T.alloc_fragment((C, C), "float32")
             T2_f = T.alloc_fragment((C, C), "float32")
-            KK_f = T.alloc_fragment((C, C), "float32")  # X - X^T, then K K^T
+            KK_f = T.alloc_fragment((C, C), "float32")  # K K^T
             red0q = T.alloc_fragment((C,), "float32")
-            red0m = T.alloc_fragment((C,), "float32")
             red0b = T.alloc_fragment((C,), "float32")
             # warpgroup 1
             U1 = T.alloc_fragment((C, HV), "float32")
@@ -296,6 +334,7 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
             acc1 = T.alloc_fragment((C, K), "float32")  # V' dS^T, then S0 .* dS row pairs
             red1k = T.alloc_fragment((C,), "float32")
             red1s = T.alloc_fragment((C,), "float32")
+            red1m = T.alloc_fragment((C,), "float32")
             gam_last0 = T.alloc_var("float32")
             gam_last1 = T.alloc_var("float32")
             colsum0 = T.alloc_var("float32")
@@ -322,12 +361,6 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
                         shared_part(0, tx, g, ld, v, do, dvp, dv, A, h, dh, g_cumsum, beta, Q_s, K_s, V_s, dO_s, dVp_s,
                                     dv_s, Vp_s, A_s, Ag_s, S0_s, dS_s, dP_s, F_s, gam_s, beta_s, dgu_s, dbc_s, U0,
                                     prod0, red0, cc0, dpg0, p0, x0, gam_last0, colsum0, c, t0, end, hv, scale)
-                        # dgam's mask term rowsum(X) - colsum(X)
-                        for i, j in T.Parallel(C, C):
-                            KK_f[i, j] = F_s[i, j] - F_s[j, i]
-                        T.reduce_sum(KK_f, red0m, dim=1)
-                        for i in T.Parallel(C):
-                            dgm_s[i] = red0m[i]
                         # dq += dq0 + dP K with dq0 = scale diag(e) dO S0^T; rowdot(Q, dq0) for dgam
                         T.gemm(dO_s, S0_s, acc0, transpose_B=True, clear_accum=True)
                         for i, j in T.Parallel(C, K):
@@ -351,9 +384,12 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
                         T.wgmma_gemm(V_s[:, 0:C], A_s, T2_f, transpose_B=True, clear_accum=True)
                         T.wgmma_gemm(K_s, K_s, KK_f, transpose_B=True, clear_accum=True)
                         T.wait_wgmma(0)
+                        T.sync_threads(BAR_XREAD, 256)  # warpgroup 1 has read X out of F_s
                         wy_inverse_grad(T2_f, KK_f, beta_s, KK_f, red0b, F_s, dbr_s, V_s, C, dtype, C)
                         T.fence_proxy_async()
-                        T.named_barrier_arrive(BAR_HANDOFF, 256)
+                        T.sync_threads(BAR_HANDOFF, 256)
+                        dg_tail(tx, gam_last0, tail, rowsum, 0, hv, sv_s, kt1_s, dgu_s, dgq_s, dgm_s, dgam_s,
+                                dbc_s, dbr_s, dg_out, dbeta_out, t0, end)
                     store_rows(dq_f, dq_out, t0, end, hk)
                 else:
                     T.clear(dk_f)
@@ -362,6 +398,17 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
                         shared_part(1, tx - 128, g, ld, v, do, dvp, dv, A, h, dh, g_cumsum, beta, Q_s, K_s, V_s, dO_s,
                                     dVp_s, dv_s, Vp_s, A_s, Ag_s, S0_s, dS_s, dP_s, F_s, gam_s, beta_s, dgu_s, dbc_s,
                                     U1, prod1, red1, cc1, dpg1, p1, x1, gam_last1, colsum1, c, t0, end, hv, scale)
+                        # dgam's mask term rowsum(X) - colsum(X), then X's shared tile is free
+                        # (by column halves in cc1: a product accumulator, whose rows stay within a quad of lanes)
+                        for i, j in T.Parallel(C, HC):
+                            cc1[i, j] = F_s[i, j] - F_s[j, i]
+                        T.reduce_sum(cc1, red1m, dim=1)
+                        for i, j in T.Parallel(C, HC):
+                            cc1[i, j] = F_s[i, HC + j] - F_s[HC + j, i]
+                        T.reduce_sum(cc1, red1m, dim=1, clear=False)
+                        for i in T.Parallel(C):
+                            dgm_s[i] = red1m[i]
+                        T.named_barrier_arrive(BAR_XREAD, 256)
                         # dk += r .* (V' dS^T) + dU S0^T + dP^T Q, with the r-terms of dgam
                         T.mbarrier_wait_parity(ld[2], g & 1)
                         T.gemm(Vp_s, dS_s, acc1, transpose_B=True, clear_accum=True)
@@ -374,31 +421,6 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
                         sv_rows(S0_s, dS_s, acc1, red1s, sv_s, C, V)  # sum(S0 .* dS) for the dgam0 tail
                         T.sync_threads(BAR_HANDOFF, 256)
                         T.gemm(V_s[:, C:2 * C], K_s, dk_f)  # dAs K
-                        # dgam0 = e-term - r-terms; the last real row L gets exp(gam_last) sum(S0 .* dS) +
-                        # sum_{i < L} r-terms; then dgam = dgam0 + rowdot(Q, dq0) + mask term. Thread pair
-                        # (2 i, 2 i + 1) owns row i, each summing one half of the C terms.
-                        tail = 0.0
-                        for jj in T.serial(HC):
-                            tail = tail + (T.exp(gam_last1) * sv_s[((tx - 128) & 1) * HC + jj]
-                                           + T.if_then_else(t0 + ((tx - 128) & 1) * HC + jj < end - 1,
-                                                            kt1_s[((tx - 128) & 1) * HC + jj], 0.0))
-                        tail = tail + T.shfl_xor(tail, 1)
-                        if ((tx - 128) & 1) == 0:
-                            dgam_s[(tx - 128) >> 1] = T.if_then_else(
-                                t0 + ((tx - 128) >> 1) < end,
-                                dgu_s[0, (tx - 128) >> 1] + dgu_s[1, (tx - 128) >> 1]
-                                + T.if_then_else(t0 + ((tx - 128) >> 1) == end - 1, tail, -kt1_s[(tx - 128) >> 1])
-                                + dgq_s[(tx - 128) >> 1] + dgm_s[(tx - 128) >> 1], 0.0)
-                        T.sync_threads(BAR_LOCAL[1], 128)
-                        # dg = reverse in-chunk cumsum of dgam; dbeta = column term + row term
-                        rowsum = 0.0
-                        for jj in T.serial(HC):
-                            rowsum = rowsum + T.if_then_else(((tx - 128) & 1) * HC + jj >= ((tx - 128) >> 1),
-                                                             dgam_s[((tx - 128) & 1) * HC + jj], 0.0)
-                        rowsum = rowsum + T.shfl_xor(rowsum, 1)
-                        if ((tx - 128) & 1) == 0 and t0 + ((tx - 128) >> 1) < end:
-                            dg_out[t0 + ((tx - 128) >> 1), hv] = rowsum
-                            dbeta_out[t0 + ((tx - 128) >> 1), hv] = dbc_s[(tx - 128) >> 1] + dbr_s[(tx - 128) >> 1]
                     store_rows(dk_f, dk_out, t0, end, hk)
 
     return compile_for(bwd_chunk, arch)
