@@ -124,11 +124,10 @@ def bwd_h_ws_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype:
             T.mbarrier_arrive(s_ready[b])
 
             T.gemm(K_s, S_s, KS_f, clear_accum=True)
-            # Y formed on the (then dead) accumulator and copied whole: written element-wise into shared memory,
-            # its loads of V_s and F_s could not be batched (the stores may alias them)
             for i, j in T.Parallel(C, BV):
-                KS_f[i, j] = T.if_then_else(t0 + i < eos, F_s[1, i] * V_s[i, j] - F_s[0, C - 1] * KS_f[i, j], 0.0)
-            T.copy(KS_f, Y_s)
+                Y_s[i, j] = T.if_then_else(
+                    t0 + i < eos, T.cast(F_s[1, i] * V_s[i, j] - F_s[0, C - 1] * KS_f[i, j], dtype),
+                    T.cast(0, dtype))
             T.fence_proxy_async()
             T.sync_threads(BAR_STATE, 128)
 
