@@ -67,6 +67,11 @@ and dAs in its last 64), dO, dV', dv (then dU), V' 7 x 16 KB; S0, dS 2 x 32 KB; 
 own bytes (TileLang's default merge; no liveness-based overlap between the concurrent branches,
 tests/kernels/test_bwd_chunk_compile.py checks the compiled offsets). Registers (ptxas, sm_90a): 168,
 no spills.
+H200, session 20 (results/h200/2026-12-02_s20/, us, same call each): dAs through a fragment, then also the dg / dbeta
+tail on warpgroup 0 with the mask term on warpgroup 1 (call 1): hk16_hv16 1x32768 1414 -> 1307 -> 1266, hk16_hv64
+1x32768 3694 -> 3169 -> 3145, hk8_hv16 989 -> 878 -> 881, hk2_hv4 (CP) 301 -> 244 -> 250; then W, dU, Ag, Y, dA, dP,
+dM on fragments (call 2): hk16_hv16 1257 -> 899, hk16_hv64 3144 -> 2716, hk8_hv16 882 -> 763, hk2_hv4 247 -> 215.
+Gradients' errors against float64 unchanged.
 H200, session 16 (results/h200/2026-12-02_s16/bwd-ab-*.log, one call, us, old -> S0 alone on ld[0] -> also the
 independent products issued back to back with one wait (wgmma_gemm: dAb, dPg, P; dP K with A^T dA; T1 A^T with
 K K^T; dU S0^T with dP^T Q) and U = K S0, V' = Ag W left in flight over the next loads' waits): hk16_hv64
