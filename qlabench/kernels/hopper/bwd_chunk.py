@@ -104,7 +104,7 @@ BAR_LOADED = 6  # the v-head's rows and states are in shared memory
 BAR_W = 7  # Ag rows, W and dU columns of both halves
 BAR_VP = 8  # V' columns of both halves (and both warpgroups past V' = Ag W: Ag may become dA)
 BAR_MASKS = 9  # Y's column sums, X, dA, dP of both halves
-BAR_HANDOFF = 10  # warpgroup 0's dAs, dbeta row term, dgq, dgm to warpgroup 1
+BAR_HANDOFF = 10  # dAs to warpgroup 1; the dbeta row term, dgq (warpgroup 0) and dgm, kt1, sv (1) for the tail
 BAR_LOCAL = (11, 12)  # a warpgroup's own 128-thread barrier
 BAR_XREAD = 13  # warpgroup 1 has read X (the mask term) out of F_s: warpgroup 0 may write dM there
 
@@ -176,7 +176,7 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
                          * A_s[i, w * HC + j] * beta_s[w * HC + j])
         T.copy(x_f, Ag_s[:, w * HC:(w + 1) * HC])
         T.wait_wgmma(0)
-        # dgam's e-term partial, W and dU in place
+        # dgam's e-term partial; W (over V) and dU (over dv)
         for i, j in T.Parallel(C, HV):
             prod_f[i, j] = dv_s[i, w * HV + j] * U_f[i, j]
         T.reduce_sum(prod_f, red_f, dim=1)
@@ -235,11 +235,11 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
         T.sync_threads(BAR_MASKS, 256)
 
     @T.macro
-    def dg_tail(lt, gam_last: T.Ref, tail: T.Ref, rowsum: T.Ref, w: int, hv, sv_s, kt1_s, dgu_s, dgq_s, dgm_s, dgam_s,
+    def dg_tail(lt, gam_last: T.Ref, tail: T.Ref, rowsum: T.Ref, hv, sv_s, kt1_s, dgu_s, dgq_s, dgm_s, dgam_s,
                 dbc_s, dbr_s, dg_out, dbeta_out, t0, end):
         """dgam0 = e-term - r-terms; the last real row L gets exp(gam_last) sum(S0 .* dS) + sum_{i < L} r-terms;
         then dgam = dgam0 + rowdot(Q, dq0) + mask term; dg = its reverse in-chunk cumsum, dbeta = column term + row
-        term. Thread pair (2 i, 2 i + 1) of warpgroup w owns row i, each summing one half of the C terms."""
+        term. Warpgroup 0's thread pair (2 i, 2 i + 1) owns row i, each summing one half of the C terms."""
         tail = 0.0
         for jj in T.serial(HC):
             tail = tail + (T.exp(gam_last) * sv_s[(lt & 1) * HC + jj]
@@ -251,7 +251,7 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
                 dgu_s[0, lt >> 1] + dgu_s[1, lt >> 1]
                 + T.if_then_else(t0 + (lt >> 1) == end - 1, tail, -kt1_s[lt >> 1])
                 + dgq_s[lt >> 1] + dgm_s[lt >> 1], 0.0)
-        T.sync_threads(BAR_LOCAL[w], 128)
+        T.sync_threads(BAR_LOCAL[0], 128)
         rowsum = 0.0
         for jj in T.serial(HC):
             rowsum = rowsum + T.if_then_else((lt & 1) * HC + jj >= (lt >> 1), dgam_s[(lt & 1) * HC + jj], 0.0)
@@ -393,7 +393,7 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
                         wy_inverse_grad(T2_f, KK_f, beta_s, KK_f, red0b, F_s, dbr_s, V_s, C, dtype, C)
                         T.fence_proxy_async()
                         T.sync_threads(BAR_HANDOFF, 256)
-                        dg_tail(tx, gam_last0, tail, rowsum, 0, hv, sv_s, kt1_s, dgu_s, dgq_s, dgm_s, dgam_s,
+                        dg_tail(tx, gam_last0, tail, rowsum, hv, sv_s, kt1_s, dgu_s, dgq_s, dgm_s, dgam_s,
                                 dbc_s, dbr_s, dg_out, dbeta_out, t0, end)
                     store_rows(dq_f, dq_out, t0, end, hk)
                 else:
