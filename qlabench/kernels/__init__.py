@@ -85,7 +85,8 @@ def _forward(q, k, v, g, beta, *, scale, initial_state, cu_seqlens, output_final
     a backward will follow, `cp_rule`; without it A is neither written nor returned: None).
 
     Returns chunk_gated_delta_rule_fwd's five entries plus ``cp`` = (plan, h0_pieces, transitions) when CP ran,
-    else None: the backward runs its CP mirror (backward_cp.py) from the same pieces.
+    else None: the backward runs its CP mirror (backward_cp.py) from the same pieces; and with ``for_backward``
+    kkt_solve's masks (`forward.KktMasks`: the backward's bwd_prepare forms only what is missing), else None.
     """
     from .forward import chunk_gated_delta_rule_fwd
 
@@ -93,17 +94,17 @@ def _forward(q, k, v, g, beta, *, scale, initial_state, cu_seqlens, output_final
     if plan is not None:
         from .forward_cp import chunk_gated_delta_rule_fwd_cp
 
-        *out, h0_pieces, transitions = chunk_gated_delta_rule_fwd_cp(
+        *out, h0_pieces, transitions, masks = chunk_gated_delta_rule_fwd_cp(
             q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
             output_final_state=output_final_state, state_v_first=state_v_first, plan=plan,
             transition="always", return_piece_states=True, options=options,  # "always": no host read
-            keep_a=for_backward)
-        return (*out, (plan, h0_pieces, transitions))
-    out = chunk_gated_delta_rule_fwd(
+            keep_a=for_backward, return_masks=True)
+        return (*out, (plan, h0_pieces, transitions), masks if for_backward else None)
+    *out, masks = chunk_gated_delta_rule_fwd(
         q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
         output_final_state=output_final_state, output_h=output_h, state_v_first=state_v_first,
-        options=options, keep_a=for_backward)
-    return (*out, None)
+        options=options, keep_a=for_backward, return_masks=True)
+    return (*out, None, masks if for_backward else None)
 
 
 def _cp_plan(q, v, cu_seqlens, options: KernelOptions | None = None, mode: str | None = None,
@@ -170,13 +171,17 @@ class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
         # follow (cp_rule, and A is kept). needs_input_grad does not see torch.no_grad (and forward() itself
         # always runs without grad), so the caller's grad mode comes in as ``records``.
         for_backward = records and any(ctx.needs_input_grad[i] for i in (0, 1, 2, 3, 4, 6))
-        g_cumsum, A, o, _, final_state, ctx.cp = _forward(
+        g_cumsum, A, o, _, final_state, ctx.cp, masks = _forward(
             q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
             output_final_state=output_final_state, output_h=False, state_v_first=state_v_first,
             options=options, for_backward=for_backward,
         )
         ctx.options = options  # the backward runs the variants the forward was called with
-        ctx.save_for_backward(q, k, v, g_cumsum, beta, A, initial_state, cu_seqlens)
+        # kkt_solve's masks for the backward's bwd_prepare (bwd_masks=forward), saved with the inputs: every
+        # backward of a retained graph reads them, and they are freed with the graph's other saved tensors
+        keep = masks is not None and option_value(options, "bwd_masks") == "forward"
+        ctx.save_for_backward(q, k, v, g_cumsum, beta, A, initial_state, cu_seqlens,
+                              masks.Ag if keep else None, masks.Pm if keep else None)
         ctx.scale = scale
         ctx.state_v_first = state_v_first
         ctx.g_dtype = g.dtype
@@ -185,11 +190,13 @@ class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, dht):
         from .backward import chunk_gated_delta_rule_bwd
+        from .forward import KktMasks
 
-        q, k, v, g_cumsum, beta, A, initial_state, cu_seqlens = ctx.saved_tensors
+        q, k, v, g_cumsum, beta, A, initial_state, cu_seqlens, Ag, Pm = ctx.saved_tensors
         args = (q, k, v, g_cumsum, beta, A, do.contiguous(), dht)
+        masks = None if Ag is None else KktMasks(Ag, Pm)  # the forward's kkt_solve masks (bwd_masks=forward)
         kw = {"scale": ctx.scale, "initial_state": initial_state, "cu_seqlens": cu_seqlens,
-              "state_v_first": ctx.state_v_first, "options": getattr(ctx, "options", None)}
+              "state_v_first": ctx.state_v_first, "options": getattr(ctx, "options", None), "masks": masks}
         plan, h0_pieces, transitions = (ctx.cp if ctx.cp is not None
                                         else (bwd_cp_plan(q, v, cu_seqlens, kw["options"]), None, None))
         if plan is not None:  # the forward's pieces (piece states, chain transitions), or the backward's own

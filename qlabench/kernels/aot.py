@@ -107,7 +107,7 @@ def backward_kernels(h_qk: int, h_v: int, arch: str, dtype: str = "bfloat16") ->
     if not a.has_backward:
         return []
     try:
-        from .backward import compile_backward_kernels, value_tiles
+        from .backward import compile_backward_kernels, prepare_variants, value_tiles
     except ImportError:
         return []
     from .common.cumsum import chunk_local_cumsum_kernel
@@ -122,6 +122,11 @@ def backward_kernels(h_qk: int, h_v: int, arch: str, dtype: str = "bfloat16") ->
     for bv in value_tiles(a.name):
         jobs.append(("backward kernels", f"hk{h_qk}_hv{h_v} {dtype} BV={bv}",
                      lambda bv=bv: compile_backward_kernels(h_qk, h_v, dtype=dtype, target=a.name, bv=bv)))
+    # after the API's own forward bwd_prepare forms only the masks kkt_solve did not (backward._prepare_masks)
+    for masks in prepare_variants(a.name):
+        jobs.append(("bwd_prepare", f"hk{h_qk}_hv{h_v} {dtype} masks={masks}",
+                     lambda masks=masks: compile_backward_kernels(h_qk, h_v, dtype=dtype, target=a.name,
+                                                                  prepare=masks)["bwd_prepare"]))
     return jobs
 
 

@@ -6,7 +6,12 @@ memset of the tail rows). The math of each kernel, step for step, is in ``emulat
 
     bwd_prepare  grid (NCmax, H_qk)      per chunk: Pg, Ag (bf16 C x C masks), factors e, r, beta of each
                                          v-head of the qk-head's GQA group (Q K^T once per group; sm100:
-                                         grid (NCmax, H_v), one v-head per block)
+                                         grid (NCmax, H_v), one v-head per block). After the API's own
+                                         forward (KernelOptions.bwd_masks = forward) Ag and Pg are
+                                         kkt_solve's Ag and Pm, kept from it (`forward.KktMasks`), and on
+                                         sm90 bwd_prepare forms only what is missing: the factors alone
+                                         (one C-thread block per (chunk, v-head)), or Pg and the factors
+                                         where the BV-128 recurrence formed Pm on chip
     bwd_h        grid (V / BV, N * H_v)  forward over chunks: h (state at every chunk start) and
                                          nothing else; on sm90 ``hopper/bwd_h_ws.py`` (warp-
                                          specialized, the state-independent factor K^T A_k diag(beta)
@@ -102,9 +107,31 @@ def _value_tile(chunks, h_v: int, sm_count: int, arch: str) -> int:
     return value_tile(chunks, h_v, sm_count, {bv: BACKWARD_STEP_US[bv] for bv in tiles})
 
 
-def _kernels(h_qk: int, h_v: int, dtype: str, arch: str, bv: int = _BV, bwd_dh: str | None = None) -> dict:
+# bwd_prepare variants each arch's file compiles besides the full one ("pg_ag": Pg, Ag and fac): after the API's
+# own forward, whose kkt_solve wrote Ag (and Pm = Pg unless the BV-128 recurrence formed it on chip), sm90
+# forms only what is missing (hopper/bwd_prepare.py MASKS); sm100's file forms both always.
+_PREPARE_VARIANTS = {"sm90": ("pg", "none"), "sm100": ()}
+
+
+def prepare_variants(arch: str) -> tuple[str, ...]:
+    """The partial bwd_prepare variants the API may launch on ``arch`` (`qlabench aot` compiles each)."""
+    a = arch_by_name(arch)
+    require_backward(a)
+    return _PREPARE_VARIANTS[a.name]
+
+
+def _prepare_masks(arch: str, masks) -> str:
+    """The bwd_prepare variant of a call given the forward's ``masks`` (None or a `forward.KktMasks`)."""
+    if masks is None or not prepare_variants(arch):
+        return "pg_ag"
+    return "none" if masks.Pm is not None else "pg"
+
+
+def _kernels(h_qk: int, h_v: int, dtype: str, arch: str, bv: int = _BV, bwd_dh: str | None = None,
+             prepare: str = "pg_ag") -> dict:
     """The compiled kernels of one configuration (each factory is lru_cached), in launch order;
-    ``bv`` is the V tile of bwd_h and bwd_dh (one of `value_tiles`); ``bwd_dh`` as `_dh_role`."""
+    ``bv`` is the V tile of bwd_h and bwd_dh (one of `value_tiles`); ``bwd_dh`` as `_dh_role`; ``prepare``
+    the bwd_prepare variant (`_prepare_masks`)."""
     a = arch_by_name(arch)
     require_backward(a)  # NotImplementedError on sm120 (forward only)
     if bv not in _VALUE_TILES[a.name]:
@@ -116,7 +143,8 @@ def _kernels(h_qk: int, h_v: int, dtype: str, arch: str, bv: int = _BV, bwd_dh: 
     K = V = _HEAD_DIM
     C = a.chunk_size
     kernels = {
-        "bwd_prepare": f("bwd_prepare")(h_qk, h_v, K, C, dtype, a.name),
+        "bwd_prepare": f("bwd_prepare")(h_qk, h_v, K, C, dtype, a.name,
+                                        *(() if prepare == "pg_ag" else (prepare,))),
         "bwd_h": f("bwd_h")(h_qk, h_v, K, V, bv, C, dtype, a.name),
         "bwd_dh": f(_dh_role(a, bwd_dh))(h_qk, h_v, K, V, bv, C, dtype, a.name),
     }
@@ -147,15 +175,16 @@ def _dh_role(arch, bwd_dh: str | None = None) -> str:
 
 
 def compile_backward_kernels(h_qk, h_v, scale=None, dtype="bfloat16", state_v_first=False, target="sm90", *,
-                             bv=_BV):
+                             bv=_BV, prepare="pg_ag"):
     """Compiles every backward kernel of one configuration for ``target`` (no GPU needed).
 
     ``scale`` and ``state_v_first`` do not specialise the kernels (scale is a runtime argument, the
     host transposes states) and are accepted for a uniform signature. The head counts do: with
     h_v == h_qk bwd_chunk (sm90) or bwd_intra (sm100) stores dq, dk in ``dtype``, with GQA in fp32 (`_intra_out_dtype`). ``bv``
     is the V tile of bwd_h and bwd_dh (`value_tiles(target)`; the API picks one per call from its
-    grid, `_value_tile`). The older positional form ``(h_qk, h_v, dtype, state_v_first, target)`` is
-    also accepted.
+    grid, `_value_tile`). ``prepare`` is the bwd_prepare variant ("pg_ag", or one of
+    `prepare_variants(target)`: what a backward after the API's own forward launches). The older
+    positional form ``(h_qk, h_v, dtype, state_v_first, target)`` is also accepted.
 
     Returns:
         {kernel name: compiled TileLang kernel}.
@@ -171,7 +200,10 @@ def compile_backward_kernels(h_qk, h_v, scale=None, dtype="bfloat16", state_v_fi
         raise ValueError(f"scale must be a positive float or None, got {scale!r}")
     if not isinstance(state_v_first, bool):
         raise TypeError(f"state_v_first must be a bool, got {state_v_first!r}")
-    return _kernels(h_qk, h_v, _dtype_name(dtype), _arch_name(target), bv)
+    arch = _arch_name(target)
+    if prepare != "pg_ag" and prepare not in prepare_variants(arch):
+        raise ValueError(f"prepare must be 'pg_ag' or one of {prepare_variants(arch)} on {arch}, got {prepare!r}")
+    return _kernels(h_qk, h_v, _dtype_name(dtype), arch, bv, prepare=prepare)
 
 
 def _check_inputs(q, k, v, g_cumsum, beta, A, do, dht, scale, initial_state, cu_seqlens, state_v_first,
@@ -199,8 +231,29 @@ def _check_inputs(q, k, v, g_cumsum, beta, A, do, dht, scale, initial_state, cu_
     return p
 
 
+def check_masks(masks, p, dtype, device, C: int):
+    """The forward's kkt_solve masks handed to a backward: None, or a `forward.KktMasks` whose Ag (and Pm,
+    unless None) are `[B * T, H_v, C]` in q's dtype on q's device (rows past each chunk's end are never read)."""
+    if masks is None:
+        return None
+    from .forward import KktMasks
+
+    if not isinstance(masks, KktMasks):
+        raise TypeError(f"masks must be None or a forward.KktMasks, got {type(masks).__name__}")
+    want = (p.B * p.T, p.h_v, C)
+    for name, x in (("Ag", masks.Ag), ("Pm", masks.Pm)):
+        if x is None:
+            continue
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"masks.{name} must be a torch.Tensor, got {type(x).__name__}")
+        if tuple(x.shape) != want or x.dtype != dtype or x.device != device or not x.is_contiguous():
+            raise ValueError(f"masks.{name} must be a contiguous {want} {dtype} tensor on {device}, got "
+                             f"{tuple(x.shape)} {x.dtype} on {x.device}")
+    return masks
+
+
 def chunk_gated_delta_rule_bwd(q, k, v, g_cumsum, beta, A, do, dht=None, scale=None, initial_state=None,
-                               cu_seqlens=None, state_v_first=False, *, options=None):
+                               cu_seqlens=None, state_v_first=False, *, options=None, masks=None):
     """Backward kernels without autograd (Hopper).
 
     Args:
@@ -213,6 +266,9 @@ def chunk_gated_delta_rule_bwd(q, k, v, g_cumsum, beta, A, do, dht=None, scale=N
         cu_seqlens: `[N + 1]` int32/int64 boundaries of packed sequences (B must be 1) or None.
         options: `options.KernelOptions` (its ``bwd_dh`` picks the reverse pass); None: the
             QLABENCH_BWD_DH switch, read here.
+        masks: the forward's kkt_solve masks (`forward.KktMasks`, from chunk_gated_delta_rule_fwd with
+            return_masks) or None: its Ag and Pm are bwd_prepare's Ag and Pg, so on sm90 bwd_prepare
+            forms only what is missing (None: both). Read, never written.
 
     Returns:
         (dq `[B, T, H_qk, K]`, dk `[B, T, H_qk, K]`, dv `[B, T, H_v, V]` in q's dtype,
@@ -227,12 +283,22 @@ def chunk_gated_delta_rule_bwd(q, k, v, g_cumsum, beta, A, do, dht=None, scale=N
     from .forward import _sm_count
     from .value_tile import chain_chunks
 
+    masks = check_masks(masks, p, q.dtype, q.device, arch.chunk_size)
     chunks = chain_chunks(p.seq_bounds, p.N, arch.chunk_size)
     bv = _value_tile(chunks, p.h_v, _sm_count(q.device), arch.name)
+    prepare = _prepare_masks(arch.name, masks)
     kernels = _kernels(p.h_qk, p.h_v, _DTYPE_NAMES[q.dtype], arch.name, bv,
-                       None if options is None else options.bwd_dh)
+                       None if options is None else options.bwd_dh, prepare)
     return _bwd_impl(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, state_v_first,
-                     arch.chunk_size, kernels)
+                     arch.chunk_size, kernels, None if prepare == "pg_ag" else masks)
+
+
+def mask_buffers(masks, BT: int, H: int, C: int, dtype, device):
+    """(Pg, Ag) for bwd_prepare and bwd_dh: the forward's (``masks``, a `forward.KktMasks`) where given, else
+    new buffers bwd_prepare fills."""
+    Ag, Pm = (None, None) if masks is None else (masks.Ag, masks.Pm)
+    Pg = Pm if Pm is not None else _alloc((BT, H, C), dtype, device)
+    return Pg, (Ag if Ag is not None else _alloc((BT, H, C), dtype, device))
 
 
 def _zero_padding_tail(table, n_tok: int, buffers) -> None:
@@ -284,8 +350,9 @@ def chunk_grads(kernels, p, q2, k2, v2, do2, dvp, dv, g2, b2, A2, h, dh, bounds,
 
 
 def _bwd_impl(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, state_v_first, C,
-              kernels):
-    """Runs the kernels (``kernels`` maps names to callables with the compiled signatures)."""
+              kernels, masks=None):
+    """Runs the kernels (``kernels`` maps names to callables with the compiled signatures; ``masks``: the
+    forward's `forward.KktMasks` when kernels' bwd_prepare forms only the missing ones, else None)."""
     dev, dtype = q.device, q.dtype
     BT, H = p.B * p.T, p.h_v
     f32 = torch.float32
@@ -312,8 +379,7 @@ def _bwd_impl(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens,
     dv = _alloc((BT, H, p.V), dtype, dev)
     dh0 = _alloc((p.N, H, p.K, p.V), f32, dev)
     # masks and factors of every chunk in parallel, then the two pipelined chunk recurrences
-    Pg = _alloc((BT, H, C), dtype, dev)
-    Ag = _alloc((BT, H, C), dtype, dev)
+    Pg, Ag = mask_buffers(masks, BT, H, C, dtype, dev)
     fac = _alloc((ncmax, H, 3, C), f32, dev)
     kernels["bwd_prepare"](q2, k2, g2, b2, A2, bounds, Pg, Ag, fac, p.scale)
     kernels["bwd_h"](k2, v2, A2, fac, cu, offsets, h0, h)

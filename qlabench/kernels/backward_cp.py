@@ -129,7 +129,7 @@ def chunk_gated_delta_rule_bwd_cp(
     q, k, v, g_cumsum, beta, A, do, dht=None, scale=None, initial_state=None, cu_seqlens=None,
     state_v_first=False, plan: CPPlan | None = None, decay_threshold: float | None = -10.0, *,
     h0_pieces: torch.Tensor | None = None, transitions: PieceTransitions | None = None,
-    plan_heads: int | None = None, transition: str = "auto", options=None,
+    plan_heads: int | None = None, transition: str = "auto", options=None, masks=None,
 ):
     """`backward.chunk_gated_delta_rule_bwd` with intra-card CP (see the module docstring).
 
@@ -146,6 +146,7 @@ def chunk_gated_delta_rule_bwd_cp(
         plan_heads, transition: as forward_cp.chunk_gated_delta_rule_fwd_cp.
         options: `options.KernelOptions` (``bwd_dh`` picks the reverse pass, ``fwd_kernel`` the
             recurrence of the S_in recompute); None: the QLABENCH_BWD_DH / QLABENCH_FWD_KERNEL switches.
+        masks: the forward's kkt_solve masks (`forward.KktMasks`) or None, as chunk_gated_delta_rule_bwd's.
 
     Returns:
         (dq, dk, dv, dbeta, dg, dh0) exactly as chunk_gated_delta_rule_bwd.
@@ -169,11 +170,15 @@ def chunk_gated_delta_rule_bwd_cp(
     chunks = chain_chunks(plan.pieces, plan.n_pieces, arch.chunk_size)
     bv = backward._value_tile(chunks, p.h_v, sms, arch.name)
     bwd_dh, fwd_kernel = (None, None) if options is None else (options.bwd_dh, options.fwd_kernel)
+    masks = backward.check_masks(masks, p, q.dtype, q.device, arch.chunk_size)
+    prepare = backward._prepare_masks(arch.name, masks)
+    if prepare == "pg_ag":
+        masks = None  # this arch's bwd_prepare forms both itself
     kernels = BackwardCPKernels(backward._kernels(p.h_qk, p.h_v, backward._DTYPE_NAMES[q.dtype], arch.name, bv,
-                                                  bwd_dh), cp_correct,
+                                                  bwd_dh, prepare), cp_correct,
                                 _device_kernels(arch, fwd_kernel) if h0_pieces is None else None)
     return _bwd_cp(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, state_v_first, plan,
-                   decay_threshold, transition, h0_pieces, kernels, arch, sms, transitions)
+                   decay_threshold, transition, h0_pieces, kernels, arch, sms, transitions, masks)
 
 
 def _chunk_gate_prefix(g2: torch.Tensor, bounds: torch.Tensor):
@@ -217,9 +222,10 @@ def local_skips(plan: CPPlan, g_cumsum: torch.Tensor, decay_threshold: float | N
 
 def _bwd_cp(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, state_v_first, plan,
             decay_threshold, transition, h0_pieces, kernels: BackwardCPKernels, arch, sms: int,
-            transitions: PieceTransitions | None = None):
-    """The orchestration; ``kernels`` are the device kernels or their float64 twins."""
-    from .backward import _zero_padding_tail, chunk_grads
+            transitions: PieceTransitions | None = None, masks=None):
+    """The orchestration; ``kernels`` are the device kernels or their float64 twins; ``masks`` the forward's
+    `forward.KktMasks` when kernels' bwd_prepare forms only the missing ones, else None."""
+    from .backward import _zero_padding_tail, chunk_grads, mask_buffers
 
     C = arch.chunk_size
     check_cp_arguments(p, plan, decay_threshold, transition, C)
@@ -256,8 +262,7 @@ def _bwd_cp(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, s
     dh = torch.empty(ncmax, H, K, V, dtype=dtype, device=dev)
     dvp = torch.empty(BT, H, V, dtype=dtype, device=dev)
     dv = torch.empty(BT, H, V, dtype=dtype, device=dev)
-    Pg = torch.empty(BT, H, C, dtype=dtype, device=dev)
-    Ag = torch.empty(BT, H, C, dtype=dtype, device=dev)
+    Pg, Ag = mask_buffers(masks, BT, H, C, dtype, dev)
     fac = torch.empty(ncmax, H, 3, C, dtype=f32, device=dev)
     # (a) masks and factors of every chunk.
     bwd["bwd_prepare"](q2, k2, g2, b2, A2, bounds, Pg, Ag, fac, p.scale)

@@ -24,7 +24,7 @@ _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 def chunk_gated_delta_rule_fwd(
     q, k, v, g, beta, scale=None, initial_state=None, cu_seqlens=None, output_final_state=True,
     output_h=False, state_v_first=False, arch: Arch | None = None, options: KernelOptions | None = None,
-    keep_a: bool = True,
+    keep_a: bool = True, return_masks: bool = False,
 ):
     """Forward kernels without autograd.
 
@@ -37,6 +37,8 @@ def chunk_gated_delta_rule_fwd(
         keep_a: also return A (only the backward reads it); False: kkt_solve does not write it and A is
             returned as None (a forward no backward follows: one C x C bf16 tile per chunk and v-head
             less to store).
+        return_masks: also return kkt_solve's Ag and Pm as a sixth entry (`KktMasks`), for the backward
+            (backward.chunk_gated_delta_rule_bwd's ``masks``: its bwd_prepare then forms only what is missing).
 
     Returns:
         (g_cumsum `[B, T, H_v]` fp32, A `[B, T, H_v, C]` gate-free inverse in q's dtype (rows of the
@@ -81,13 +83,25 @@ def chunk_gated_delta_rule_fwd(
     no_skip = torch.empty(1, p.h_v, dtype=torch.int32, device=dev)  # has_skip = 0: never read
     kernel(q2, k2, v2, g_cumsum, Ag, Ag if Pm is None else Pm, table.cu_seqlens, table.chunk_offsets, no_skip, h0, o, ht, h,
            p.scale, int(has_h0), int(bool(output_final_state)), int(bool(output_h)), 0)
-    return (
+    out = (
         g_cumsum.reshape(p.B, p.T, p.h_v),
         None if A is None else A.reshape(p.B, p.T, p.h_v, C),
         o.reshape(p.B, p.T, p.h_v, p.V),
         h if output_h else None,
         ht if output_final_state else None,
     )
+    return out + (KktMasks(Ag, Pm),) if return_masks else out
+
+
+class KktMasks:
+    """kkt_solve's gated masks of one forward, handed to its backward: Ag = Gam .* A .* beta_col and Pm =
+    scale Gam .* Q K^T (`[B * T, H_v, C]` in q's dtype; Pm None where the BV-128 recurrence formed it on chip),
+    which are bwd_prepare's Ag and Pg (Ag here from the fp32 inverse, bwd_prepare's from its bf16 A)."""
+
+    __slots__ = ("Ag", "Pm")
+
+    def __init__(self, Ag: torch.Tensor, Pm: torch.Tensor | None):
+        self.Ag, self.Pm = Ag, Pm
 
 
 def solve_chunks(kkt_kernel, q2, k2, g_cumsum, beta2, chunk_bounds, C: int, scale: float, keep_a: bool,

@@ -80,7 +80,7 @@ from .common.cp_tables import cp_tables
 from .common.cumsum import chunk_local_cumsum
 from .cp import CPPlan, plan_cp
 from .dispatch import arch_for_device, kernel_factory
-from .forward import _sm_count, recurrence_kernel, solve_chunks
+from .forward import KktMasks, _sm_count, recurrence_kernel, solve_chunks
 from .validate import validate
 from .value_tile import FORWARD_STEP_US, chain_chunks, value_tile
 
@@ -122,7 +122,7 @@ def chunk_gated_delta_rule_fwd_cp(
     q, k, v, g, beta, scale=None, initial_state=None, cu_seqlens=None, output_final_state=True,
     state_v_first=False, plan: CPPlan | None = None, decay_threshold: float | None = -10.0,
     *, plan_heads: int | None = None, transition: str = "auto", arch=None, return_piece_states: bool = False,
-    options=None, keep_a: bool = True,
+    options=None, keep_a: bool = True, return_masks: bool = False,
 ):
     """`forward.chunk_gated_delta_rule_fwd` with intra-card CP (see the module docstring).
 
@@ -144,6 +144,8 @@ def chunk_gated_delta_rule_fwd_cp(
         with ``state_v_first``): the initial state of every piece of ``plan`` (truncated like the
         output when decay_threshold is set), and a seventh, the `PieceTransitions` of the chain (or
         None when no piece was cut): backward_cp reuses them instead of its own transition pass.
+        With ``return_masks`` a last entry, kkt_solve's Ag and Pm (`forward.KktMasks`, for the backward's
+        bwd_prepare, as chunk_gated_delta_rule_fwd's).
     """
     p = validate(q, k, v, g, beta, scale, initial_state, cu_seqlens, state_v_first, for_kernels=True)
     arch = arch or arch_for_device(q.device)
@@ -154,7 +156,7 @@ def chunk_gated_delta_rule_fwd_cp(
     return _fwd_cp(q, k, v, g, beta, p, initial_state, cu_seqlens, output_final_state, state_v_first, plan,
                    decay_threshold, transition,
                    _device_kernels(arch, None if options is None else options.fwd_kernel), arch, sms,
-                   return_piece_states=return_piece_states, keep_a=keep_a)
+                   return_piece_states=return_piece_states, keep_a=keep_a, return_masks=return_masks)
 
 
 def check_cp_arguments(p, plan, decay_threshold, transition, C: int) -> None:
@@ -172,7 +174,7 @@ def check_cp_arguments(p, plan, decay_threshold, transition, C: int) -> None:
 
 def _fwd_cp(q, k, v, g, beta, p, initial_state, cu_seqlens, output_final_state, state_v_first, plan,
             decay_threshold, transition, kernels: ForwardKernels, arch, sms: int, return_piece_states=False,
-            keep_a: bool = True):
+            keep_a: bool = True, return_masks: bool = False):
     """The orchestration; ``kernels`` are the device kernels or their float64 twins."""
     C = arch.chunk_size
     check_cp_arguments(p, plan, decay_threshold, transition, C)
@@ -217,7 +219,9 @@ def _fwd_cp(q, k, v, g, beta, p, initial_state, cu_seqlens, output_final_state, 
         None,
         final,
     )
-    return out + (h0_pieces, transitions) if return_piece_states else out
+    if return_piece_states:
+        out += (h0_pieces, transitions)
+    return out + (KktMasks(Ag, Pm),) if return_masks else out
 
 
 def _recurrence(kernels: ForwardKernels, pieces, p, C: int, dtype: str, state_v_first: bool, arch, sms: int):

@@ -30,12 +30,14 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "fwd_kernel": ("auto", "pipelined", "simple", "ws", "wy"),
     "bwd_dh": ("auto", "ws", "pipelined"),
     "bwd_cp": ("auto", "on", "off"),
+    "bwd_masks": ("forward", "recompute"),
 }
 ENV_VARS: dict[str, str] = {
     "cp": "QLABENCH_CP",
     "fwd_kernel": "QLABENCH_FWD_KERNEL",
     "bwd_dh": "QLABENCH_BWD_DH",
     "bwd_cp": "QLABENCH_BWD_CP",
+    "bwd_masks": "QLABENCH_BWD_MASKS",
 }
 MEANING: dict[str, str] = {
     "cp": "intra-card context parallelism of the forward and its backward: auto (api.cp_rule: cp.py's plan "
@@ -44,6 +46,9 @@ MEANING: dict[str, str] = {
     "bwd_dh": "backward reverse pass: auto (ws on sm90, else pipelined), ws (bwd_dh_ws, sm90 only), pipelined",
     "bwd_cp": "CP of the backward when the forward ran without it (piece states recomputed): auto "
               "(api.bwd_cp_plan's rule), on, off",
+    "bwd_masks": "the backward's gated masks Ag, Pg: forward (kkt_solve's, kept from the forward for its "
+                 "backward: bwd_prepare forms only what is missing; two C-column bf16 tensors more saved "
+                 "per call) or recompute (bwd_prepare forms both; nothing more saved)",
 }
 
 
@@ -99,12 +104,17 @@ class KernelOptions:
         bwd_cp: ``auto`` | ``on`` | ``off`` (QLABENCH_BWD_CP): intra-card CP of the backward of a
             forward that ran without CP (with ``cp`` on, the backward always mirrors the forward's
             pieces); the backward then recomputes the piece initial states itself.
+        bwd_masks: ``forward`` | ``recompute`` (QLABENCH_BWD_MASKS): whether the forward keeps
+            kkt_solve's Ag and Pm (the backward's Ag and Pg) for its backward (saved with the inputs:
+            `[B * T, H_v, C]` bf16 each), so the backward's bwd_prepare forms only what is missing, or
+            the backward forms both itself.
     """
 
     cp: str = "auto"
     fwd_kernel: str = "auto"
     bwd_dh: str = "auto"
     bwd_cp: str = "auto"
+    bwd_masks: str = "forward"
 
     def __new__(cls, *args, **kwargs):
         """A retired field raises its ValueError (retired_error) instead of the dataclass's TypeError."""

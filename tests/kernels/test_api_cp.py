@@ -16,11 +16,11 @@ def stubs(monkeypatch):
 
     def plain(*args, **kw):
         calls.append(("plain", kw))
-        return ("plain",) * 5
+        return ("plain",) * 6  # + kkt_solve's masks (return_masks)
 
     def with_cp(*args, **kw):
         calls.append(("cp", kw))
-        return ("cp",) * 7  # + the pieces' initial states and the chain's transitions (return_piece_states)
+        return ("cp",) * 8  # + the pieces' initial states and the chain's transitions (return_piece_states), masks
 
     monkeypatch.setattr(forward, "chunk_gated_delta_rule_fwd", plain)
     monkeypatch.setattr(forward_cp, "chunk_gated_delta_rule_fwd_cp", with_cp)
@@ -35,7 +35,8 @@ def _call(T, H, cu=None, output_h=False, for_backward=False):
     out = api._forward(x, x, x, x[..., 0], x[..., 0], scale=1.0, initial_state=None, cu_seqlens=cu,
                        output_final_state=True, output_h=output_h, state_v_first=False,
                        for_backward=for_backward)
-    assert len(out) == 6  # the five forward entries + the CP state for the backward (or None)
+    assert len(out) == 7  # the five forward entries + the CP state for the backward (or None) + the masks
+    assert out[6] == (out[0] if for_backward else None)  # kkt_solve's masks, kept only for a backward
     if out[0] == "cp":
         plan, h0_pieces, transitions = out[5]
         assert plan.enabled and h0_pieces == transitions == "cp"
@@ -166,7 +167,7 @@ def test_the_api_tells_the_forward_whether_a_backward_follows(grad, no_grad, stu
     def fake_forward(q, *args, **kw):
         seen.append(kw["for_backward"])
         o = torch.zeros(q.shape[:3] + (128,))
-        return None, None, o, None, torch.zeros(1, q.shape[2], 128, 128), None
+        return None, None, o, None, torch.zeros(1, q.shape[2], 128, 128), None, None
 
     monkeypatch.setattr(api, "_forward", fake_forward)
     x = torch.zeros(1, 64, 2, 128, dtype=torch.bfloat16)

@@ -230,3 +230,63 @@ def test_bad_arguments_raise():
         backward._check_inputs(**{**args, "g_cumsum": args["g_cumsum"].double()}, scale=None, C=64)
     with pytest.raises(ValueError, match="A must have shape"):
         backward._check_inputs(**{**args, "A": args["A"][..., :32]}, scale=None, C=64)
+
+
+@pytest.mark.parametrize("variant", ["none", "pg"])
+def test_forward_masks_replace_what_bwd_prepare_forms(variant, monkeypatch):
+    """After the API's own forward, bwd_prepare forms only the masks kkt_solve did not write (sm90: "none" with
+    Ag and Pm given, "pg" with Ag alone): the gradients are those of the full prepare, bit for bit, and the given
+    masks are read, never written."""
+    from qlabench.kernels.forward import KktMasks
+
+    case = Case(T=260, h_qk=2, h_v=4, cu_seqlens=(0, 1, 34, 97, 161, 226, 226, 250), h0=True, seed=5)
+    want, args = problem(case)
+    staged = {}
+
+    def full(q, k, g, b, A, bounds, Pg, Ag, fac, scale):
+        KERNEL_TWINS["bwd_prepare"](q, k, g, b, A, bounds, Pg, Ag, fac, scale)
+        staged["Pg"], staged["Ag"] = Pg.clone(), Ag.clone()
+
+    ref = run_twins(args, monkeypatch, {**KERNEL_TWINS, "bwd_prepare": full})
+    masks = KktMasks(staged["Ag"].clone(), staged["Pg"].clone() if variant == "none" else None)
+    given = (masks.Ag.clone(), None if masks.Pm is None else masks.Pm.clone())
+
+    def partial(q, k, g, b, A, bounds, Pg, Ag, fac, scale):  # writes fac (and Pg for "pg") only
+        assert Ag is masks.Ag and (Pg is masks.Pm) == (variant == "none")
+        Pg2, Ag2 = torch.full_like(Pg, float("nan")), torch.full_like(Ag, float("nan"))
+        KERNEL_TWINS["bwd_prepare"](q, k, g, b, A, bounds, Pg2, Ag2, fac, scale)
+        if variant == "pg":
+            Pg.copy_(Pg2)
+
+    assert backward._prepare_masks("sm90", masks) == variant and backward._prepare_masks("sm100", masks) == "pg_ag"
+    monkeypatch.setattr(backward, "_alloc", lambda shape, dtype, device: torch.full(shape, float("nan"), dtype=dtype))
+    p = validate(args["q"], args["k"], args["v"], args["g_cumsum"], args["beta"], None, args["initial_state"],
+                 args["cu_seqlens"], args["state_v_first"], for_kernels=True)
+    held = (masks.Ag, masks.Pm)
+    out = backward._bwd_impl(p, args["q"], args["k"], args["v"], args["g_cumsum"], args["beta"], args["A"],
+                             args["do"], args["dht"], args["initial_state"], args["cu_seqlens"],
+                             args["state_v_first"], 64, {**KERNEL_TWINS, "bwd_prepare": partial}, masks)
+    got = dict(zip(NAMES, out))
+    def same(a, b):  # bit for bit; rows past the chunks' ends were never written (NaN) in both
+        return torch.equal(torch.nan_to_num(a, nan=7.0), torch.nan_to_num(b, nan=7.0))
+
+    assert same(held[0], given[0]) and (given[1] is None or same(held[1], given[1]))
+    for n in NAMES:
+        assert same(got[n], ref[n]), n
+        assert rel_l2(got[n], want[n]) <= TOL, n
+
+
+def test_bad_masks_raise():
+    from qlabench.kernels.forward import KktMasks
+
+    _, args = problem(Case(T=100, h_qk=1, h_v=2))
+    p = validate(args["q"], args["k"], args["v"], args["g_cumsum"], args["beta"], None, None, None, False,
+                 for_kernels=True)
+    good = torch.zeros(100, 2, 64, dtype=torch.bfloat16)
+    assert backward.check_masks(None, p, torch.bfloat16, good.device, 64) is None
+    with pytest.raises(TypeError, match="KktMasks"):
+        backward.check_masks((good, good), p, torch.bfloat16, good.device, 64)
+    with pytest.raises(ValueError, match=r"masks.Pm must be a contiguous \(100, 2, 64\)"):
+        backward.check_masks(KktMasks(good, good[:50]), p, torch.bfloat16, good.device, 64)
+    with pytest.raises(ValueError, match="masks.Ag"):
+        backward.check_masks(KktMasks(good.float(), None), p, torch.bfloat16, good.device, 64)

@@ -212,11 +212,12 @@ def _low_level_step(log):
 
     log.clear()
     q, k, v, g, beta, h0, cu = (x.detach() if isinstance(x, torch.Tensor) else x for x in _inputs())
-    g_cumsum, A, o, _, ht = forward.chunk_gated_delta_rule_fwd(
-        q, k, v, g, beta, initial_state=h0, cu_seqlens=cu, output_final_state=True)
+    g_cumsum, A, o, _, ht, masks = forward.chunk_gated_delta_rule_fwd(
+        q, k, v, g, beta, initial_state=h0, cu_seqlens=cu, output_final_state=True, return_masks=True)
     do = torch.ones_like(o)
     dht = torch.ones_like(ht)
-    backward.chunk_gated_delta_rule_bwd(q, k, v, g_cumsum, beta, A, do, dht, initial_state=h0, cu_seqlens=cu)
+    backward.chunk_gated_delta_rule_bwd(q, k, v, g_cumsum, beta, A, do, dht, initial_state=h0, cu_seqlens=cu,
+                                        masks=masks)
     return list(log)
 
 
@@ -252,9 +253,9 @@ def test_cp_option_routes_forward_and_backward(monkeypatch):
     from qlabench.kernels import backward, backward_cp, dispatch, forward, forward_cp
 
     seen = []
-    monkeypatch.setattr(forward, "chunk_gated_delta_rule_fwd", lambda *a, **kw: seen.append(("fwd", kw)) or (None,) * 5)
+    monkeypatch.setattr(forward, "chunk_gated_delta_rule_fwd", lambda *a, **kw: seen.append(("fwd", kw)) or (None,) * 6)
     monkeypatch.setattr(forward_cp, "chunk_gated_delta_rule_fwd_cp",
-                        lambda *a, **kw: seen.append(("fwd_cp", kw)) or (None,) * 7)
+                        lambda *a, **kw: seen.append(("fwd_cp", kw)) or (None,) * 8)
     monkeypatch.setattr(forward, "_sm_count", lambda device: 132)
     monkeypatch.setattr(dispatch, "arch_for_device", lambda device: dispatch.arch_by_name("sm90"))
     x = torch.zeros(1, 32768, 32, 128)  # 32 chains: cp=auto runs the plain forward

@@ -43,10 +43,7 @@ def store_masks(P_f, Ag_f, A_s, gam_s, beta_s, Pg_s, Ag_s, Pg_out, Ag_out, fac_o
         P_f[i, j] = T.if_then_else(j <= i, scale * decay * P_f[i, j], 0.0)
     T.copy(P_f, Pg_s)
     T.copy(Ag_f, Ag_s)
-    for i in T.Parallel(C):
-        fac_out[bx, by, 0, i] = T.exp(gam_s[i])
-        fac_out[bx, by, 1, i] = T.exp(gam_s[C - 1] - gam_s[i])
-        fac_out[bx, by, 2, i] = beta_s[i]
+    store_factors(gam_s, beta_s, fac_out, bx, by, C)
 
     if t0 + C <= end:
         T.copy(Pg_s, Pg_out[t0:t0 + C, by, :])
@@ -57,3 +54,28 @@ def store_masks(P_f, Ag_f, A_s, gam_s, beta_s, Pg_s, Ag_s, Pg_out, Ag_out, fac_o
                 Pg_out[t0 + i, by, j] = Pg_s[i, j]
                 Ag_out[t0 + i, by, j] = Ag_s[i, j]
 
+
+
+@T.macro
+def store_factors(gam_s, beta_s, fac_out, bx, by, C: int):
+    """The chunk's per-row factors exp(gam), exp(gam_last - gam), beta."""
+    for i in T.Parallel(C):
+        fac_out[bx, by, 0, i] = T.exp(gam_s[i])
+        fac_out[bx, by, 1, i] = T.exp(gam_s[C - 1] - gam_s[i])
+        fac_out[bx, by, 2, i] = beta_s[i]
+
+
+@T.macro
+def store_pg(P_f, gam_s, beta_s, Pg_s, Pg_out, fac_out, scale, bx, t0, end, by, C: int):
+    """store_masks without Ag (the forward's kkt_solve wrote it): Pg = scale Gam .* P, masked in place on
+    P_f, copied whole to Pg_s, its chunk rows and the factors stored."""
+    for i, j in T.Parallel(C, C):
+        P_f[i, j] = T.if_then_else(j <= i, scale * T.exp(gam_s[i] - gam_s[j]) * P_f[i, j], 0.0)
+    T.copy(P_f, Pg_s)
+    store_factors(gam_s, beta_s, fac_out, bx, by, C)
+    if t0 + C <= end:
+        T.copy(Pg_s, Pg_out[t0:t0 + C, by, :])
+    else:
+        for i, j in T.Parallel(C, C):
+            if t0 + i < end:
+                Pg_out[t0 + i, by, j] = Pg_s[i, j]

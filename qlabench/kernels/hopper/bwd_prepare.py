@@ -12,6 +12,12 @@ Gam[i, j] = exp(gam_i - gam_j) for j <= i else 0):
 Pg and Ag are the bf16 masks of the serial reverse pass (bwd_dh), formed here for every chunk in
 parallel and off its serial loop; fac lets the two chunk recurrences (bwd_h, bwd_dh) read their
 per-row factors with one TMA tile instead of exponentials and strided gate loads.
+Variants (``masks``, compile-time): "pg_ag" forms both (the low-level backward, or bwd_masks=recompute);
+after the API's own forward its kkt_solve already wrote Ag and (unless the BV-128 recurrence formed it on
+chip) Pm = Pg, kept for the backward (forward.KktMasks, KernelOptions.bwd_masks = forward), so "pg" forms
+Pg and the factors only (no A load, no Ag), and "none" the factors only, by a separate small kernel (one
+block of C threads per (chunk, v-head): the gate loads and three exponentials per row). Same arguments in
+every variant; the outputs a variant does not form are never written.
 Rows past the chunk end (the next sequence, or the padding tail) are loaded unmasked but never
 stored; inside the stored rows the columns past the end are cut by the causal select j <= i
 (a select, so non-finite data there cannot leak in).
@@ -48,15 +54,27 @@ import functools
 
 import tilelang.language as T
 
-from ..common.bwd_prepare import load_gates, store_masks
+from ..common.bwd_prepare import load_gates, store_factors, store_masks, store_pg
 from ..common.smem_layout import swizzled
 from .bwd_common import compile_bwd
 
 THREADS = 256
 
 
+MASKS = ("pg_ag", "pg", "none")  # the masks a variant forms (fac always): both, Pg only, neither
+
+
 @functools.cache
-def bwd_prepare_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str):
+def bwd_prepare_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: str, masks: str = "pg_ag"):
+    """``masks``: which of Pg, Ag the kernel forms and stores (MASKS; fac always). The API's backward after
+    its own forward takes the forward's kkt_solve masks (Ag always, Pm = Pg unless the BV-128 recurrence
+    formed it on chip) and launches "none" or "pg": the arguments stay the same, the outputs it does not
+    form are never written."""
+    if masks not in MASKS:
+        raise ValueError(f"masks must be one of {MASKS}, got {masks!r}")
+    if masks == "none":
+        return _factors_kernel(h_qk, h_v, C, dtype, arch)
+    with_ag = masks == "pg_ag"
     group = h_v // h_qk
     n_tok = T.dynamic("n_tok")
     n_chunks = T.dynamic("n_chunks")
@@ -95,23 +113,63 @@ def bwd_prepare_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch: st
             if t0 < end:
                 T.tma_copy(q[t0:t0 + C, hk, :], Q_s, barrier=ld[0])
                 T.tma_copy(k[t0:t0 + C, hk, :], K_s, barrier=ld[0])
-                T.tma_copy(A[t0:t0 + C, hk * group, :], A_s, barrier=ld[1])
+                if with_ag:
+                    T.tma_copy(A[t0:t0 + C, hk * group, :], A_s, barrier=ld[1])
                 T.mbarrier_arrive(ld[0])
-                T.mbarrier_arrive(ld[1])
+                if with_ag:
+                    T.mbarrier_arrive(ld[1])
                 T.mbarrier_wait_parity(ld[0], 0)
                 T.gemm(Q_s, K_s, P_f, transpose_B=True, clear_accum=True)
                 for j in T.serial(group):
                     hv = hk * group + j
                     load_gates(g_cumsum, beta, gam_s, beta_s, t0, end, hv, C)
                     T.copy(P_f, Pg_f)
-                    T.mbarrier_wait_parity(ld[1], j & 1)
+                    if with_ag:
+                        T.mbarrier_wait_parity(ld[1], j & 1)
                     T.sync_threads()  # gam_s, beta_s of every thread
-                    store_masks(Pg_f, Ag_f, A_s, gam_s, beta_s, Pg_s, Ag_s, Pg_out, Ag_out, fac_out, scale, c, t0,
-                                end, hv, C, dtype)
+                    if with_ag:
+                        store_masks(Pg_f, Ag_f, A_s, gam_s, beta_s, Pg_s, Ag_s, Pg_out, Ag_out, fac_out, scale, c,
+                                    t0, end, hv, C, dtype)
+                    else:
+                        store_pg(Pg_f, gam_s, beta_s, Pg_s, Pg_out, fac_out, scale, c, t0, end, hv, C)
                     T.fence_proxy_async()  # this thread's reads of A_s before the next box overwrites it
                     T.sync_threads()  # every thread past the v-head's A_s, Pg_s, Ag_s, gam_s, beta_s
-                    if j + 1 < group:
+                    if with_ag and j + 1 < group:
                         T.tma_copy(A[t0:t0 + C, hv + 1, :], A_s, barrier=ld[1])
                         T.mbarrier_arrive(ld[1])
 
     return compile_bwd(bwd_prepare, arch)
+
+
+@functools.cache
+def _factors_kernel(h_qk: int, h_v: int, C: int, dtype: str, arch: str):
+    """bwd_prepare with masks "none": fac only, one block of C threads per (chunk, v-head); the arguments
+    of the full kernel (q, k, A, Pg_out, Ag_out are never touched)."""
+    n_tok = T.dynamic("n_tok")
+    n_chunks = T.dynamic("n_chunks")
+    K = 128
+
+    @T.prim_func
+    def bwd_factors(
+        q: T.Tensor((n_tok, h_qk, K), dtype),
+        k: T.Tensor((n_tok, h_qk, K), dtype),
+        g_cumsum: T.Tensor((n_tok, h_v), "float32"),
+        beta: T.Tensor((n_tok, h_v), "float32"),
+        A: T.Tensor((n_tok, h_v, C), dtype),
+        chunk_bounds: T.Tensor((n_chunks, 2), "int32"),
+        Pg_out: T.Tensor((n_tok, h_v, C), dtype),
+        Ag_out: T.Tensor((n_tok, h_v, C), dtype),
+        fac_out: T.Tensor((n_chunks, h_v, 3, C), "float32"),
+        scale: T.float32,
+    ):
+        with T.Kernel(n_chunks, h_v, threads=C) as (c, hv):
+            gam_s = T.alloc_shared((C,), "float32")
+            beta_s = T.alloc_shared((C,), "float32")
+            t0 = chunk_bounds[c, 0]
+            end = chunk_bounds[c, 1]
+            if t0 < end:
+                load_gates(g_cumsum, beta, gam_s, beta_s, t0, end, hv, C)
+                T.sync_threads()
+                store_factors(gam_s, beta_s, fac_out, c, hv, C)
+
+    return compile_bwd(bwd_factors, arch)
