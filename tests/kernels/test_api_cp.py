@@ -118,7 +118,7 @@ def test_backward_follows_the_forward(monkeypatch):
                         lambda *a, **kw: seen.append(("cp", kw)) or grads)
 
     class Ctx:
-        saved_tensors = (None,) * 4 + (torch.zeros(1), None, None, None)  # beta: a tensor
+        saved_tensors = (None,) * 4 + (torch.zeros(1), None, None, None, None, None)  # beta: a tensor; no Ag, Pm
         scale, state_v_first, g_dtype = 1.0, False, torch.float32
 
     own_plan = [None]
@@ -136,6 +136,13 @@ def test_backward_follows_the_forward(monkeypatch):
     assert seen[2][1]["plan"] == "bwd plan" and seen[2][1]["h0_pieces"] is None
     assert seen[2][1]["transitions"] is None
     assert seen[1][1]["transition"] == seen[2][1]["transition"] == "always"
+    assert all(kw["masks"] is None for _, kw in seen)  # the forward kept no kkt_solve masks
+    Ag, Pm = torch.ones(1), torch.ones(1)  # it kept them (bwd_masks=forward): both backward paths get them
+    ctx.saved_tensors = Ctx.saved_tensors[:8] + (Ag, Pm)
+    for cp in (None, ("plan", "h0_pieces", "transitions")):
+        ctx.cp, own_plan[0] = cp, None
+        api.ChunkGatedDeltaRuleFunction.backward(ctx, torch.zeros(1), None)
+        assert seen[-1][1]["masks"].Ag is Ag and seen[-1][1]["masks"].Pm is Pm
 
 
 def test_bwd_cp_plan_modes(monkeypatch):

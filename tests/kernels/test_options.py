@@ -14,7 +14,7 @@ import torch
 
 import qlabench.kernels as api
 from qlabench.kernels import KernelOptions
-from qlabench.kernels.options import CHOICES, ENV_VARS, RETIRED, parse_options
+from qlabench.kernels.options import CHOICES, ENV_VARS, RETIRED, option_value, parse_options
 
 ENV = (*ENV_VARS.values(), *(r.env for r in RETIRED.values()))
 
@@ -30,7 +30,8 @@ def _clean_env(monkeypatch):
 
 def test_defaults_are_the_default_kernels():
     o = KernelOptions()
-    assert o.as_dict() == {"cp": "auto", "fwd_kernel": "auto", "bwd_dh": "auto", "bwd_cp": "auto"}
+    assert o.as_dict() == {"cp": "auto", "fwd_kernel": "auto", "bwd_dh": "auto", "bwd_cp": "auto",
+                           "bwd_masks": "forward"}
     assert o.changed() == {} and o.label() == ""
     assert KernelOptions.from_env({}) == o
     assert KernelOptions.from_dict(None) == o and KernelOptions.from_dict({}) == o
@@ -48,7 +49,7 @@ def test_parse_options():
 
 @pytest.mark.parametrize("spec, match", [
     ("cp=maybe", r"cp must be one of auto, on, off, got 'maybe'"),
-    ("speed=fast", r"unknown kernel option 'speed'; known: cp, fwd_kernel, bwd_dh, bwd_cp$"),
+    ("speed=fast", r"unknown kernel option 'speed'; known: cp, fwd_kernel, bwd_dh, bwd_cp, bwd_masks$"),
     ("cp", r"kernel option 'cp' needs key=value"),
     ("cp=on+", r"empty kernel option"),
     ("cp=on+cp=auto", r"kernel option 'cp' given twice"),
@@ -216,8 +217,9 @@ def _low_level_step(log):
         q, k, v, g, beta, initial_state=h0, cu_seqlens=cu, output_final_state=True, return_masks=True)
     do = torch.ones_like(o)
     dht = torch.ones_like(ht)
+    keep = option_value(None, "bwd_masks") == "forward"  # what the API's forward keeps for its backward
     backward.chunk_gated_delta_rule_bwd(q, k, v, g_cumsum, beta, A, do, dht, initial_state=h0, cu_seqlens=cu,
-                                        masks=masks)
+                                        masks=masks if keep else None)
     return list(log)
 
 
@@ -233,6 +235,7 @@ def test_default_options_launch_what_the_switches_launched(launches):
     ("fwd_kernel", "pipelined", "pipelined"),
     ("fwd_kernel", "simple", "simple"),
     ("bwd_dh", "pipelined", "pipelined"),
+    ("bwd_masks", "recompute", "recompute"),
 ])
 def test_an_option_launches_what_its_switch_launches(launches, monkeypatch, field, value, env_value):
     by_option = _step(launches, options=KernelOptions().replace(**{field: value}))
@@ -244,7 +247,12 @@ def test_an_option_launches_what_its_switch_launches(launches, monkeypatch, fiel
     assert _step(launches, options=KernelOptions().replace(**{field: value})) == by_option
     compiled = {entry[2] for entry in by_option if entry[0] == "compile"}
     assert {"fwd_kernel": {"pipelined": "chunk_fwd_pipelined", "simple": "chunk_fwd"},
-            "bwd_dh": {"pipelined": "bwd_dh"}}[field][value] in compiled
+            "bwd_dh": {"pipelined": "bwd_dh"}, "bwd_masks": {"recompute": "bwd_prepare"}}[field][value] in compiled
+    if field == "bwd_masks":  # the full bwd_prepare (no variant argument) instead of the factors-only one
+        monkeypatch.delenv(ENV_VARS[field])
+        prepare = [entry[3] for entry in by_option if entry[:3] == ("compile", "sm90", "bwd_prepare")]
+        default = [entry[3] for entry in _step(launches) if entry[:3] == ("compile", "sm90", "bwd_prepare")]
+        assert prepare and len(prepare[0]) == 6 and default and default[0][-1] == "none", (prepare, default)
 
 
 def test_cp_option_routes_forward_and_backward(monkeypatch):
@@ -276,7 +284,7 @@ def test_cp_option_routes_forward_and_backward(monkeypatch):
     monkeypatch.setattr(api, "bwd_cp_plan", lambda q, v, cu, options: got.append({"planned": options}) and None)
 
     class Ctx:
-        saved_tensors = (None,) * 4 + (torch.zeros(1), None, None, None)
+        saved_tensors = (None,) * 4 + (torch.zeros(1), None, None, None, None, None)  # + Ag, Pm
         scale, state_v_first, g_dtype, cp, options = 1.0, False, torch.float32, None, on
 
     out = api.ChunkGatedDeltaRuleFunction.backward(Ctx(), torch.zeros(1), None)
