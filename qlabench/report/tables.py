@@ -20,7 +20,8 @@ Speedup `vs <peer>` = peer time / subject time (median ms); above 1.0x the subje
 time, flagged `!` (`0.050ms!`), so a kernel that is fast and wrong shows; a row that is `error` or
 `unavailable` shows that word. Neither takes part in any speedup, summary or geomean, and a note under
 the table says so. Tables of cases with more than the default input recipe get an `Inputs` column
-(gate profile, beta profile, h0 scale). After the tables, the accuracy section (accuracy.py).
+(gate profile, beta profile, h0 scale). After the tables, the accuracy section (accuracy.py), the peak
+memory section (memory.py), the per-kernel split (kernelsplit.py) and the first calls (firstcall.py).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from typing import Any
 import pandas as pd
 
 from qlabench import roofline
-from qlabench.report import accuracy, firstcall, kernelsplit
+from qlabench.report import accuracy, firstcall, kernelsplit, memory
 from qlabench.report.frame import Collected, backends_in_order, collect, dedupe_latest, default_subject
 from qlabench.report.layout import (
     MISSING,
@@ -110,6 +111,7 @@ class Report:
     first_calls: list[firstcall.FirstCallTable] = field(default_factory=list)  # [] when no row has one
     accuracy: list[accuracy.PhaseAccuracy] = field(default_factory=list)  # [] when no row has errors
     kernel_split: list[kernelsplit.SplitTable] = field(default_factory=list)  # [] when no row has one
+    memory: list[memory.MemoryTable] = field(default_factory=list)  # [] when no row has a peak
 
 
 def _int_or_none(x: Any) -> int | None:
@@ -184,7 +186,8 @@ def build_report(
     tolerances = {src: run["tolerance"] for src, run in zip(col.sources, col.runs) if run.get("tolerance")}
     acc = accuracy.build_accuracy(df, wanted, backends, tolerances)
     split = kernelsplit.build_kernel_split(df, wanted, backends)
-    return Report(col, subject, peers, tables, peak, notes, first_calls, acc, split)
+    mem = memory.build_memory(df, wanted, subject, peers)
+    return Report(col, subject, peers, tables, peak, notes, first_calls, acc, split, mem)
 
 
 def _phase_table(df, phase, subject, peers, backends, peak) -> PhaseTable:
@@ -413,6 +416,8 @@ def render_text(report: Report) -> str:
         out.append("")
     if report.accuracy:
         out += ["=" * rule_w, ""] + accuracy.text_lines(report.accuracy)
+    if report.memory:
+        out += ["=" * rule_w, ""] + memory.text_lines(report.memory)
     if report.kernel_split:
         out += ["=" * rule_w, ""] + kernelsplit.text_lines(report.kernel_split)
     if report.first_calls:
@@ -476,6 +481,7 @@ def render_markdown(report: Report, plots: dict[str, list[str]] | None = None) -
         for img in (plots or {}).get(table.phase, []):
             out += [f"![{img}]({img})", ""]
     out += accuracy.md_lines(report.accuracy, plots)
+    out += memory.md_lines(report.memory)
     out += kernelsplit.md_lines(report.kernel_split)
     out += firstcall.md_lines(report.first_calls)
     for img in (plots or {}).get("all", []):
@@ -572,6 +578,7 @@ def render_html(report: Report) -> str:
                 )
             out.append("</table>")
     out += accuracy.html_lines(report.accuracy)
+    out += memory.html_lines(report.memory)
     out += kernelsplit.html_lines(report.kernel_split)
     out += firstcall.html_lines(report.first_calls)
     out.append("</body></html>")

@@ -124,8 +124,9 @@ def test_no_first_call_omits_the_section():
     for fmt in ("text", "md", "html"):
         out = render(rep, fmt)
         assert "first call per head" not in out.lower()
-    md = render(rep, "md")  # the summary table, then the accuracy section (rows carry errors) ends the page
-    assert md.index("### Summary") < md.index("## Accuracy") and md.rstrip().endswith("checked rows")
+    md = render(rep, "md")  # the summary table, the accuracy section (rows carry errors), peak memory ends the page
+    assert md.index("### Summary") < md.index("## Accuracy") < md.index("## Peak memory")
+    assert "## Per-kernel" not in md and md.rstrip().endswith("over 1.25x")
     # a frame of rows without the column at all
     frame = pd.DataFrame([{k: v for k, v in r.items() if k != "first_call_s"} for r in _rows()])
     rep = build_report(frame)
