@@ -154,7 +154,7 @@ def gpu_slug(name: str | None) -> str:
 # environment switches of our kernels: the KernelOptions ones (a qla row's options record their effect)
 # and QLABENCH_WS_AUTO_SYNC, which the warp-specialized kernels' factories read while compiling
 KERNEL_SWITCHES = ("QLABENCH_CP", "QLABENCH_FWD_KERNEL", "QLABENCH_BWD_DH", "QLABENCH_BWD_CP",
-                   "QLABENCH_WS_AUTO_SYNC")
+                   "QLABENCH_BWD_MASKS", "QLABENCH_WS_AUTO_SYNC")
 
 
 def kernel_switches(environ=None) -> dict[str, str]:

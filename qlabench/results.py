@@ -71,7 +71,8 @@ KEY_FIELDS = (*CASE_FIELDS, "backend")
 _INT_KEYS = ("h_qk", "h_v")
 
 
-LEGACY_OPTION_DEFAULTS = {"cp": "off", "fwd_kernel": "auto", "bwd_dh": "auto", "bwd_cp": "auto"}
+LEGACY_OPTION_DEFAULTS = {"cp": "off", "fwd_kernel": "auto", "bwd_dh": "auto", "bwd_cp": "auto",
+                          "bwd_masks": "forward"}
 
 
 class ResultsError(ValueError):
@@ -91,14 +92,17 @@ def options_label(options, defaults: dict | None = None) -> str:
 
 def option_defaults(run: dict | None) -> dict:
     """The kernel-option defaults a file's backend names are relative to: its ``run.option_defaults``
-    without the retired options (kernels.options.RETIRED), else (files written before it was recorded)
-    LEGACY_OPTION_DEFAULTS."""
+    without the retired options (kernels.options.RETIRED), options added after the file at today's
+    defaults, else (files written before it was recorded) LEGACY_OPTION_DEFAULTS."""
     recorded = (run or {}).get("option_defaults")
     if not isinstance(recorded, dict):
         return dict(LEGACY_OPTION_DEFAULTS)
-    from .kernels.options import RETIRED  # only files that record their defaults pay for this import
+    from .kernels.options import DEFAULTS, RETIRED  # only files that record their defaults pay for this import
 
-    return {k: v for k, v in recorded.items() if k not in RETIRED}
+    # an option added after the file was written (bwd_masks, session 21) is read at today's default: the
+    # file's `qla` is still the default kernels of its commit
+    return {**{k: v for k, v in DEFAULTS.items() if k not in recorded},
+            **{k: v for k, v in recorded.items() if k not in RETIRED}}
 
 
 def backend_key(row) -> str:
