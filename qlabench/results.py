@@ -97,7 +97,10 @@ def option_defaults(run: dict | None) -> dict:
     recorded = (run or {}).get("option_defaults")
     if not isinstance(recorded, dict):
         return dict(LEGACY_OPTION_DEFAULTS)
-    from .kernels.options import DEFAULTS, RETIRED  # only files that record their defaults pay for this import
+    from .kernels.options import (  # only files that record their defaults pay for this import
+        DEFAULTS,
+        RETIRED,
+    )
 
     # an option added after the file was written (bwd_masks, session 21) is read at today's default: the
     # file's `qla` is still the default kernels of its commit
