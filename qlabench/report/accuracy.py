@@ -30,7 +30,7 @@ from typing import Any
 import pandas as pd
 
 from qlabench.recipe import DEFAULT_GATE_PROFILE, inputs_label
-from qlabench.report.layout import MISSING, PHASE_ORDER, md_row, md_rule, phase_heading
+from qlabench.report.layout import MISSING, PHASE_ORDER, md_row, md_rule, phase_heading, text_table
 from qlabench.results import case_key, case_name
 
 TITLE = "Accuracy (relative L2 against the float64 reference)"
@@ -270,17 +270,6 @@ def drift_rows(sec: PhaseAccuracy) -> list[list[str]]:
     return out
 
 
-def _text_table(cols: list[str], body: list[list[str]], left: set[int]) -> list[str]:
-    widths = [max(len(c) for c in col) for col in zip(cols, *body)]
-
-    def fmt(cells: list[str]) -> str:
-        return "  ".join(c.ljust(w) if i in left else c.rjust(w)
-                         for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
-
-    head = fmt(cols)
-    return [head, "-" * len(head)] + [fmt(c) for c in body]
-
-
 def text_lines(sections: list[PhaseAccuracy]) -> list[str]:
     if not sections:
         return []
@@ -289,12 +278,12 @@ def text_lines(sections: list[PhaseAccuracy]) -> list[str]:
     out = [f">>> {TITLE.upper()}"] + textwrap.wrap(DESCRIPTION, 100) + [""]
     for sec in sections:
         out.append(f"-- {phase_heading(sec.phase)}, {tolerance_words(sec)}")
-        out += _text_table(STATS_COLUMNS, [stats_cells(s) for s in sec.stats], _STATS_LEFT)
+        out += text_table(STATS_COLUMNS, [stats_cells(s) for s in sec.stats], _STATS_LEFT)
         out += ["", failures_heading(sec)]
-        out += _text_table(["Case", "Backend", "Tensors"], [failure_cells(r) for r in sec.failures], {0, 1, 2})[2:]
+        out += text_table(["Case", "Backend", "Tensors"], [failure_cells(r) for r in sec.failures], {0, 1, 2})[2:]
         if sec.drift:
             out += ["", drift_heading(sec)]
-            out += _text_table(drift_columns(sec), drift_rows(sec), {0, 1, 2, 3})
+            out += text_table(drift_columns(sec), drift_rows(sec), {0, 1, 2, 3})
         out.append("")
     return out
 

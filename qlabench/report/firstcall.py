@@ -28,7 +28,7 @@ from typing import Any
 
 import pandas as pd
 
-from qlabench.report.layout import html_cells, md_row, md_rule, phase_heading
+from qlabench.report.layout import html_table_body, md_table, phase_heading, text_table
 
 TITLE = "First call per head configuration (s)"
 MISSING = "-"
@@ -267,16 +267,7 @@ def text_lines(tables: list[FirstCallTable]) -> list[str]:
     out = [">>> FIRST CALL PER HEAD CONFIGURATION (s)"]
     out += textwrap.wrap(DESCRIPTION.replace("`", ""), 100) + [""]
     for t in tables:
-        cols = columns(t)
-        body = [cells(t, r) for r in t.rows]
-        widths = [max(len(c) for c in col) for col in zip(cols, *body)]
-
-        def fmt(cs: list[str], widths: list[int] = widths) -> str:
-            return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cs, widths))).rstrip()
-
-        head = fmt(cols)
-        out += [f"-- {phase_heading(t.phase)}", head, "-" * len(head)]
-        out += [fmt(cs) for cs in body]
+        out += [f"-- {phase_heading(t.phase)}"] + text_table(columns(t), [cells(t, r) for r in t.rows], {0})
         out += ["  " + ln for ln in backend_lines(t)]
         out.append("")
     return out
@@ -287,10 +278,8 @@ def md_lines(tables: list[FirstCallTable]) -> list[str]:
         return []
     out = [f"## {TITLE}", "", DESCRIPTION, ""]
     for t in tables:
-        cols = columns(t)
-        out += [f"### {phase_heading(t.phase)}", "", md_row(cols)]
-        out.append(md_rule(len(cols), 1))
-        out += [md_row([c.replace(MARK, "\\" + MARK) for c in cells(t, r)]) for r in t.rows]
+        escaped = [[c.replace(MARK, "\\" + MARK) for c in cells(t, r)] for r in t.rows]
+        out += [f"### {phase_heading(t.phase)}", ""] + md_table(columns(t), escaped, 1)
         out.append("")
         out += ["- " + ln.replace(MARK, "\\" + MARK) for ln in backend_lines(t)]
         out.append("")
@@ -304,7 +293,6 @@ def html_lines(tables: list[FirstCallTable]) -> list[str]:
     out = [f"<h2>{e(TITLE)}</h2>", f"<p>{e(DESCRIPTION.replace('`', ''))}</p>"]
     for t in tables:
         out.append(f"<h3>{e(phase_heading(t.phase))}</h3><table><tr>")
-        out += html_cells("th", columns(t), 1) + ["</tr>"]
-        out += ["<tr>" + "".join(html_cells("td", cells(t, r), 1)) + "</tr>" for r in t.rows]
+        out += html_table_body(columns(t), [cells(t, r) for r in t.rows], 1)
         out.append("</table><ul>" + "".join(f"<li>{e(ln)}</li>" for ln in backend_lines(t)) + "</ul>")
     return out

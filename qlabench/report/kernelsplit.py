@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from qlabench.report.layout import MISSING, PHASE_ORDER, html_cells, md_row, md_rule, phase_heading
+from qlabench.report.layout import MISSING, PHASE_ORDER, html_table_body, md_table, phase_heading, text_table
 from qlabench.results import case_name
 
 TITLE = "Per-kernel split (us per call)"
@@ -110,14 +110,7 @@ def text_lines(tables: list[SplitTable]) -> list[str]:
         return []
     out = [f">>> {TITLE.upper()}", DESCRIPTION.replace("`", ""), ""]
     for t in tables:
-        cols, rows = columns(t), body(t)
-        widths = [max(len(r[i]) for r in [cols, *rows]) for i in range(len(cols))]
-
-        def fmt(cells: list[str], widths: list[int] = widths) -> str:
-            return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
-
-        head = fmt(cols)
-        out += [f"{t.phase} {t.case}", head, "-" * len(head)] + [fmt(r) for r in rows] + [""]
+        out += [f"{t.phase} {t.case}"] + text_table(columns(t), body(t), {0}) + [""]
     return out
 
 
@@ -126,9 +119,7 @@ def md_lines(tables: list[SplitTable]) -> list[str]:
         return []
     out = [f"## {TITLE}", "", DESCRIPTION, ""]
     for t in tables:
-        cols = columns(t)
-        out += [f"### {phase_heading(t.phase)}: {t.case}", "", md_row(cols), md_rule(len(cols), 1)]
-        out += [md_row(r) for r in body(t)] + [""]
+        out += [f"### {phase_heading(t.phase)}: {t.case}", ""] + md_table(columns(t), body(t), 1) + [""]
     return out
 
 
@@ -139,7 +130,6 @@ def html_lines(tables: list[SplitTable]) -> list[str]:
     out = [f"<h2>{e(TITLE)}</h2>", f"<p>{e(DESCRIPTION.replace('`', ''))}</p>"]
     for t in tables:
         out.append(f"<h3>{e(phase_heading(t.phase))}: {e(t.case)}</h3><table><tr>")
-        out += html_cells("th", columns(t), 1) + ["</tr>"]
-        out += ["<tr>" + "".join(html_cells("td", r, 1)) + "</tr>" for r in body(t)]
+        out += html_table_body(columns(t), body(t), 1)
         out.append("</table>")
     return out

@@ -34,6 +34,30 @@ def html_cells(tag: str, cells: list[str], n_left: int) -> list[str]:
     return [f"<{tag} class='{'l' if i < n_left else ''}'>{html.escape(c)}</{tag}>" for i, c in enumerate(cells)]
 
 
+def text_table(cols: list[str], body: list[list[str]], left: set[int]) -> list[str]:
+    """A plain-text table: the header, a rule under it, the rows; columns ``left`` left-aligned, the rest
+    right-aligned, each as wide as its widest cell."""
+    widths = [max(len(c) for c in col) for col in zip(cols, *body)]
+
+    def fmt(cells: list[str]) -> str:
+        return "  ".join(c.ljust(w) if i in left else c.rjust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
+    head = fmt(cols)
+    return [head, "-" * len(head)] + [fmt(c) for c in body]
+
+
+def md_table(cols: list[str], body: list[list[str]], n_left: int) -> list[str]:
+    """A markdown table: header, rule (the first ``n_left`` columns left-aligned), rows."""
+    return [md_row(cols), md_rule(len(cols), n_left)] + [md_row(r) for r in body]
+
+
+def html_table_body(cols: list[str], body: list[list[str]], n_left: int) -> list[str]:
+    """An html table's header cells (after the caller's opening ``<tr>``), ``</tr>``, then one line per row."""
+    return html_cells("th", cols, n_left) + ["</tr>"] + ["<tr>" + "".join(html_cells("td", r, n_left)) + "</tr>"
+                                                         for r in body]
+
+
 def ran_pattern(pattern: str, seqlens, pad_tokens=None) -> str:
     """A row's pattern as it ran: its name when the row's seqlens are the pattern's, else the lengths
     run with the name in parentheses (`1x512 (of 1x32768)`: `run --quick` on the CPU shrinks every

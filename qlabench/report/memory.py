@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from qlabench.report.layout import MISSING, PHASE_ORDER, html_cells, md_row, md_rule, phase_heading
+from qlabench.report.layout import MISSING, PHASE_ORDER, html_table_body, md_table, phase_heading, text_table
 from qlabench.results import case_name
 
 TITLE = "Peak memory (MiB)"
@@ -118,14 +118,7 @@ def text_lines(tables: list[MemoryTable]) -> list[str]:
         return []
     out = [f">>> {TITLE.upper()}", DESCRIPTION.replace("`", ""), ""]
     for t in tables:
-        cols, rows = columns(t), body(t)
-        widths = [max(len(r[i]) for r in [cols, *rows]) for i in range(len(cols))]
-
-        def fmt(cells: list[str], widths: list[int] = widths) -> str:
-            return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
-
-        head = fmt(cols)
-        out += [t.phase, head, "-" * len(head)] + [fmt(r) for r in rows] + summary_lines(t) + [""]
+        out += [t.phase] + text_table(columns(t), body(t), {0}) + summary_lines(t) + [""]
     return out
 
 
@@ -134,9 +127,7 @@ def md_lines(tables: list[MemoryTable]) -> list[str]:
         return []
     out = [f"## {TITLE}", "", DESCRIPTION, ""]
     for t in tables:
-        cols = columns(t)
-        out += [f"### {phase_heading(t.phase)}", "", md_row(cols), md_rule(len(cols), 1)]
-        out += [md_row(r) for r in body(t)] + [""]
+        out += [f"### {phase_heading(t.phase)}", ""] + md_table(columns(t), body(t), 1) + [""]
         out += [f"- {s}" for s in summary_lines(t)] + [""]
     return out
 
@@ -148,8 +139,7 @@ def html_lines(tables: list[MemoryTable]) -> list[str]:
     out = [f"<h2>{e(TITLE)}</h2>", f"<p>{e(DESCRIPTION.replace('`', ''))}</p>"]
     for t in tables:
         out.append(f"<h3>{e(phase_heading(t.phase))}</h3><table><tr>")
-        out += html_cells("th", columns(t), 1) + ["</tr>"]
-        out += ["<tr>" + "".join(html_cells("td", r, 1)) + "</tr>" for r in body(t)]
+        out += html_table_body(columns(t), body(t), 1)
         out.append("</table>")
         out += [f"<p>{e(s)}</p>" for s in summary_lines(t)]
     return out
