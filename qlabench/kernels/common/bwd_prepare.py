@@ -11,6 +11,8 @@ passing them does not rename them either.
 
 import tilelang.language as T
 
+from .kkt_solve import mask_pm
+
 
 @T.macro
 def load_gates(g_cumsum, beta, gam_s, beta_s, t0, end, by, C: int):
@@ -67,10 +69,10 @@ def store_factors(gam_s, beta_s, fac_out, bx, by, C: int):
 
 @T.macro
 def store_pg(P_f, gam_s, beta_s, Pg_s, Pg_out, fac_out, scale, bx, t0, end, by, C: int):
-    """store_masks without Ag (the forward's kkt_solve wrote it): Pg = scale Gam .* P, masked in place on
-    P_f, copied whole to Pg_s, its chunk rows and the factors stored."""
-    for i, j in T.Parallel(C, C):
-        P_f[i, j] = T.if_then_else(j <= i, scale * T.exp(gam_s[i] - gam_s[j]) * P_f[i, j], 0.0)
+    """store_masks without Ag (the forward's kkt_solve wrote it): Pg = scale Gam .* P (kkt_solve's mask_pm: the
+    same mask kkt_solve applied to its Pm), masked in place on P_f, copied whole to Pg_s, its chunk rows and the
+    factors stored."""
+    mask_pm(P_f, gam_s, scale, C)
     T.copy(P_f, Pg_s)
     store_factors(gam_s, beta_s, fac_out, bx, by, C)
     if t0 + C <= end:
