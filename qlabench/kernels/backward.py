@@ -120,11 +120,12 @@ def prepare_variants(arch: str) -> tuple[str, ...]:
     return _PREPARE_VARIANTS[a.name]
 
 
-def _prepare_masks(arch: str, masks) -> str:
-    """The bwd_prepare variant of a call given the forward's ``masks`` (None or a `forward.KktMasks`)."""
+def _prepare_masks(arch: str, masks) -> tuple[str, object]:
+    """(the bwd_prepare variant, the masks it reads) of a call given the forward's ``masks`` (None or a
+    `forward.KktMasks`): ("pg_ag", None) where there are none or the arch's bwd_prepare forms both itself."""
     if masks is None or not prepare_variants(arch):
-        return "pg_ag"
-    return "none" if masks.Pm is not None else "pg"
+        return "pg_ag", None
+    return ("none" if masks.Pm is not None else "pg"), masks
 
 
 def _kernels(h_qk: int, h_v: int, dtype: str, arch: str, bv: int = _BV, bwd_dh: str | None = None,
@@ -286,11 +287,11 @@ def chunk_gated_delta_rule_bwd(q, k, v, g_cumsum, beta, A, do, dht=None, scale=N
     masks = check_masks(masks, p, q.dtype, q.device, arch.chunk_size)
     chunks = chain_chunks(p.seq_bounds, p.N, arch.chunk_size)
     bv = _value_tile(chunks, p.h_v, _sm_count(q.device), arch.name)
-    prepare = _prepare_masks(arch.name, masks)
+    prepare, masks = _prepare_masks(arch.name, masks)
     kernels = _kernels(p.h_qk, p.h_v, _DTYPE_NAMES[q.dtype], arch.name, bv,
                        None if options is None else options.bwd_dh, prepare)
     return _bwd_impl(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, state_v_first,
-                     arch.chunk_size, kernels, None if prepare == "pg_ag" else masks)
+                     arch.chunk_size, kernels, masks)
 
 
 def mask_buffers(masks, BT: int, H: int, C: int, dtype, device):

@@ -171,9 +171,7 @@ def chunk_gated_delta_rule_bwd_cp(
     bv = backward._value_tile(chunks, p.h_v, sms, arch.name)
     bwd_dh, fwd_kernel = (None, None) if options is None else (options.bwd_dh, options.fwd_kernel)
     masks = backward.check_masks(masks, p, q.dtype, q.device, arch.chunk_size)
-    prepare = backward._prepare_masks(arch.name, masks)
-    if prepare == "pg_ag":
-        masks = None  # this arch's bwd_prepare forms both itself
+    prepare, masks = backward._prepare_masks(arch.name, masks)
     kernels = BackwardCPKernels(backward._kernels(p.h_qk, p.h_v, backward._DTYPE_NAMES[q.dtype], arch.name, bv,
                                                   bwd_dh, prepare), cp_correct,
                                 _device_kernels(arch, fwd_kernel) if h0_pieces is None else None)

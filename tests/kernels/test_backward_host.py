@@ -258,7 +258,8 @@ def test_forward_masks_replace_what_bwd_prepare_forms(variant, monkeypatch):
         if variant == "pg":
             Pg.copy_(Pg2)
 
-    assert backward._prepare_masks("sm90", masks) == variant and backward._prepare_masks("sm100", masks) == "pg_ag"
+    assert backward._prepare_masks("sm90", masks) == (variant, masks)
+    assert backward._prepare_masks("sm100", masks) == ("pg_ag", None)
     monkeypatch.setattr(backward, "_alloc", lambda shape, dtype, device: torch.full(shape, float("nan"), dtype=dtype))
     p = validate(args["q"], args["k"], args["v"], args["g_cumsum"], args["beta"], None, args["initial_state"],
                  args["cu_seqlens"], args["state_v_first"], for_kernels=True)
