@@ -66,8 +66,10 @@ def forward_kernels(h_qk: int, h_v: int, arch: str, dtype: str = "bfloat16",
             lambda store_a=store_a: kkt_solve_kernel(h_qk, h_v, HEAD_DIM, C, dtype, a.name, store_a, False))
            for store_a, a_txt in ((True, ""), (False, " no A"))] if has_kernel(a, "chunk_fwd_v128") else []),
         # the CP correction chain (forward and backward CP) and the CP forward's warm-up tables
-        ("cp_correct", f"H={h_v} BV={BV_CORRECT}",
-         lambda: cp_correct_kernel(h_v, HEAD_DIM, HEAD_DIM, BV_CORRECT, a.name)),
+        # M as stored, and read transposed (the backward's chain on the forward's transitions, the forward's
+        # with the transposed state layout)
+        *[("cp_correct", f"H={h_v} BV={BV_CORRECT}{' M^T' if tm else ''}",
+           lambda tm=tm: cp_correct_kernel(h_v, HEAD_DIM, HEAD_DIM, BV_CORRECT, a.name, tm)) for tm in (False, True)],
         ("cp_tables", f"H={h_v}", lambda: cp_tables_kernel(h_v, a.name)),
         ("split_hi_lo", f"K={HEAD_DIM}", lambda: split_hi_lo_kernel(HEAD_DIM, a.name)),
     ]

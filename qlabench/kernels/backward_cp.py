@@ -48,12 +48,15 @@ Launches:
       or its sequence's dht for a last piece -> dS_loc (bwd_dh's dh0 output). A middle piece runs
       only its first n(j, h) chunks (`local_skips`, the kernel's chunk_skip: n = the first count from
       the piece start at which the summed gam_C drops below ``decay_threshold``; all of them when it
-      never does). Transition pass (only without the forward's `PieceTransitions`): the same launch
+      never does; on the device one launch of common/cp_tables.py over the plan's bwd_*32 tables). The
+      pass stores only dS_loc (sm90's bwd_dh_ws skips its dh, dV', dv rows under has_skip). Transition pass (only without the forward's `PieceTransitions`): the same launch
       with dO = 0 and terminal gradient I (K == V) -> M^T (the identity trick of forward_cp.py, on
       the adjoint: with dO = 0 the reverse step is linear, dS_prev = M_c^T dS, so from dS = I it ends
       at M^T), run only by the (piece, head) pairs whose M^T the chain reads.
       Chain over piece positions counted from the end, all long sequences at once: one launch of
-      common/cp_correct.py (M^T read only where a piece enters the chain untruncated).
+      common/cp_correct.py (M^T read only where a piece enters the chain untruncated). With the forward's
+      transitions the chain reads them in place: their bf16 split (`ForwardKernels.split`) through
+      plan.bwd_m_rows, transposed (cp_correct's m_rows, transpose_m), so no M^T copy and no split here.
   (e) final reverse pass: bwd_dh over all pieces from the corrected terminal gradients: dh at every
       chunk end, dV', dv, and dh0 of each sequence = the start gradient of its first piece.
   (f) the per-chunk gradients (backward.chunk_grads: bwd_chunk on sm90) over the original chunks,
@@ -97,6 +100,7 @@ import torch
 
 from .common.chunks import chunk_table, f32_buffers
 from .common.cp_correct import cp_correct
+from .common.cp_tables import cp_tables
 from .cp import CPPlan, plan_cp
 from .forward_cp import (
     ForwardKernels,
@@ -117,12 +121,15 @@ class BackwardCPKernels:
     bwd: {name: kernel} of backward.py's five kernels (or `emulate_bwd.KERNEL_TWINS`);
     correct: the correction chain (common/cp_correct.cp_correct, or emulate_fwd.twin_cp_correct);
     fwd: forward_cp's `ForwardKernels` (``recurrence`` and ``correct``: the S_in recompute), or None
-    when the piece initial states are always passed in.
+    when the piece initial states are always passed in;
+    tables: common/cp_tables.cp_tables (its ``direction="backward"`` form gives the local pass's chunk_skip
+    in one launch), or None: `local_skips`, its torch form, which the twins use.
     """
 
     bwd: dict
     correct: Callable
     fwd: ForwardKernels | None = None
+    tables: Callable | None = None
 
 
 def chunk_gated_delta_rule_bwd_cp(
@@ -174,9 +181,20 @@ def chunk_gated_delta_rule_bwd_cp(
     prepare, masks = backward._prepare_masks(arch.name, masks)
     kernels = BackwardCPKernels(backward._kernels(p.h_qk, p.h_v, backward._DTYPE_NAMES[q.dtype], arch.name, bv,
                                                   bwd_dh, prepare), cp_correct,
-                                _device_kernels(arch, fwd_kernel) if h0_pieces is None else None)
+                                _device_kernels(arch, fwd_kernel) if h0_pieces is None else None, cp_tables)
     return _bwd_cp(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, state_v_first, plan,
                    decay_threshold, transition, h0_pieces, kernels, arch, sms, transitions, masks)
+
+
+def check_transitions(transitions: PieceTransitions, plan: CPPlan) -> None:
+    """The forward's transitions are those of ``plan``'s forward chain (the rows plan.bwd_m_rows points at)."""
+    M = transitions.M[0] if isinstance(transitions.M, tuple) else transitions.M
+    if plan.pass1 is None or plan.bwd_m_rows is None:
+        raise ValueError("transitions given for a plan without a forward chain (plan.pass1 is None)")
+    lo, hi = plan.pass1
+    if transitions.first != lo or M.shape[0] != hi - lo + 1 or transitions.flag.shape[0] != hi - lo + 1:
+        raise ValueError(f"transitions cover {M.shape[0] - 1} pieces from {transitions.first}, the plan's forward "
+                         f"chain {hi - lo} from {lo}")
 
 
 def _chunk_gate_prefix(g2: torch.Tensor, bounds: torch.Tensor):
@@ -282,16 +300,22 @@ def _bwd_cp(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, s
         P2 = hi - lo
         tok_lo, tok_hi = plan.pieces[lo][0], plan.pieces[hi - 1][1]
         views = [x[:tok_hi] for x in (q2, k2, do2, Pg, Ag)]
-        scratch = (dh, dvp[:tok_hi], dv[:tok_hi])  # overwritten by the final pass (e)
+        scratch = (dh, dvp[:tok_hi], dv[:tok_hi])  # sm90's bwd_dh_ws leaves them (has_skip); the final pass (e) writes them
         rng = (plan.bwd_pass_cu, plan.bwd_pass_chunk_offsets)
         zero = torch.zeros(1, H, K, V, dtype=f32, device=dev)
         dht_loc = torch.cat([user_dht, zero], 0)[plan.bwd_dht_src].contiguous()
         dS_loc = torch.empty(P2 + 1, H, K, V, dtype=f32, device=dev)  # + a zero row for the slots
         dS_loc[P2].zero_()
-        skip_loc = local_skips(plan, g2, decay_threshold)
+        if kernels.tables is not None:
+            skip_loc = kernels.tables(plan, g2, decay_threshold, arch.name, "backward")[0]
+        else:
+            skip_loc = local_skips(plan, g2, decay_threshold)
         bwd["bwd_dh"](*views, fac, *rng, skip_loc, dht_loc, *scratch, dS_loc[:P2], p.scale, 1)
-        if transitions is not None:  # the forward chain's M (their transposes) and truncation decisions
-            Mt, flag = transitions.adjoint(lo, hi, plan.bwd_needs_m)
+        m_rows, transpose_m = None, False
+        if transitions is not None:  # the forward chain's M (read transposed) and truncation decisions
+            check_transitions(transitions, plan)
+            Mt, flag, m_rows, transpose_m = (transitions.M, transitions.flag, plan.bwd_m_rows,
+                                             not transitions.state_v_first)
         else:
             # Truncation: fallback[j, h] = the piece enters the chain and does not decay below e^threshold.
             needs = plan.bwd_needs_m[:, None]
@@ -323,8 +347,8 @@ def _bwd_cp(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, s
         # into the head of dht_all = cat(slots, user_dht)
         nl = len(plan.long_seqs)
         dht_all, slots = slots_ahead_of(user_dht, plan.n_slots - 1, nl)
-        src = (plan.bwd_slot_src if plan.n_slots > 2 else torch.zeros(0, nl, dtype=torch.int64, device=dev))
-        kernels.correct(dS_loc[plan.bwd_slot_first], dS_loc, Mt, flag, src.to(torch.int32), slots, arch.name)
+        kernels.correct(dS_loc[plan.bwd_slot_first], dS_loc, Mt, flag, plan.bwd_slot_src32, slots, arch.name,
+                        m_rows=m_rows, transpose_m=transpose_m)
     else:
         dht_all = user_dht
     dht_pieces = dht_all[plan.dht_src].contiguous()

@@ -148,6 +148,14 @@ class CPPlan:
             bwd_fwd_last / bwd_fwd_valid `[p_hi - p_lo, Lf]` int64 / bool: the last token of chunk r
             of each piece counted from its start (Lf = most chunks of a range piece), for the local
             pass's truncation (backward_cp.local_skips),
+        bwd_fwd_last32 `[p_hi - p_lo, Lf]` int32 (bwd_fwd_last with -1 where not valid) and bwd_piece32
+            `[p_hi - p_lo, 2]` int32 (n_chunks, 0 first piece: skip all / 1 middle: may stop early / 2 last:
+            never): the local pass's truncation as common/cp_tables.py reads it,
+        bwd_m_rows `[p_hi - p_lo + 1]` int32 (None without pass1): the row of the forward chain's
+            transitions (`forward_cp.PieceTransitions`, rows of pass1 plus a zero-flag row P1) that each
+            range row enters the backward chain with: P1 where it does not (first and last pieces,
+            pieces outside pass1, the range's zero row),
+        bwd_slot_src32: bwd_slot_src as int32 (what cp_correct reads),
         bwd_dht_src `[p_hi - p_lo]` int64: row of each range piece's local terminal gradient in
             cat(per-sequence dht `[N]`, a zero row): its sequence's dht if it is last, else zero,
         bwd_slot_first `[n_long]` int64: range row of the last piece of long sequence l,
@@ -193,6 +201,10 @@ class CPPlan:
     bwd_dht_src: torch.Tensor | None = None
     bwd_slot_first: torch.Tensor | None = None
     bwd_slot_src: torch.Tensor | None = None
+    bwd_slot_src32: torch.Tensor | None = None
+    bwd_fwd_last32: torch.Tensor | None = None
+    bwd_piece32: torch.Tensor | None = None
+    bwd_m_rows: torch.Tensor | None = None
     dht_src: torch.Tensor | None = None
     pass1_n_chunks: torch.Tensor | None = None
     pass1_needed: torch.Tensor | None = None
@@ -325,6 +337,17 @@ def build_plan(cu: list[int], piece_chunks: int | None, chunk_size: int, device)
             bwd_slot_src=up([[last[n] - 1 - s - lo if s <= counts[n] - 3 else zero_row for n in long_seqs]
                              for s in range(n_slots - 2)], i64).reshape(max(n_slots - 2, 0), nl),
         )
+        bwd["bwd_slot_src32"] = bwd["bwd_slot_src"].to(i32)
+        m_b = [-(-(pieces[j][1] - pieces[j][0]) // C) for j in range(lo, hi)]
+        bwd["bwd_fwd_last32"] = up([[min(pieces[j][0] + (r + 1) * C, pieces[j][1]) - 1 if r < m else -1
+                                     for r in range(Lf)] for j, m in zip(range(lo, hi), m_b)], i32).reshape(hi - lo, Lf)
+        bwd["bwd_piece32"] = up([[m, 0 if is_first[j] else (2 if is_last[j] else 1)]
+                                 for j, m in zip(range(lo, hi), m_b)], i32).reshape(hi - lo, 2)
+        if pass1 is not None:
+            p1_lo, p1_hi = pass1
+            n1 = p1_hi - p1_lo
+            bwd["bwd_m_rows"] = up([j - p1_lo if p1_lo <= j < p1_hi and not is_first[j] and not is_last[j] else n1
+                                    for j in range(lo, hi)] + [n1], i32)
         for l_idx, n in enumerate(long_seqs):
             for i in range(counts[n] - 1):
                 dht_src[first[n] + i] = (counts[n] - 2 - i) * nl + l_idx

@@ -124,15 +124,22 @@ def _twin_recurrence(n_blocks: int, sm_count: int, arch, bv: int | None = None):
     return twin_chunk_fwd_kernel
 
 
-def twin_cp_correct(init, L, M, flag, src, out, arch: str):
-    """common/cp_correct.cp_correct in float64: out[0] = init, out[s + 1] = L[j] + flag[j] * (M[j] out[s]),
-    j = src[s] (per long sequence and head; M rows with flag 0 are never read, as in the kernel)."""
+def twin_cp_correct(init, L, M, flag, src, out, arch: str, *, m_rows=None, transpose_m: bool = False):
+    """common/cp_correct.cp_correct in float64: out[0] = init, out[s + 1] = L[j] + flag[m] * (M[m] out[s]),
+    j = src[s], m = m_rows[j] (or j), M^T with ``transpose_m``; M a tensor or a (hi, lo) pair summed in float64
+    (per long sequence and head; M rows with flag 0 are never read, as in the kernel)."""
+    if isinstance(M, tuple):
+        M = M[0].to(F64) + M[1].to(F64)
     x = init.to(F64)
     out[0] = x.to(out.dtype)
     for s in range(out.shape[0] - 1):
         j = src[s].long()  # [n_long]
-        on = (flag[j] != 0)[..., None, None]  # [n_long, H, 1, 1]
-        prod = torch.where(on, M[j].to(F64), torch.zeros((), dtype=F64)) @ x
+        m = j if m_rows is None else m_rows.long()[j]
+        on = (flag[m] != 0)[..., None, None]  # [n_long, H, 1, 1]
+        Mm = M[m].to(F64)
+        if transpose_m:
+            Mm = Mm.transpose(-1, -2)
+        prod = torch.where(on, Mm, torch.zeros((), dtype=F64)) @ x
         x = L[j].to(F64) + torch.where(on, prod, torch.zeros((), dtype=F64))
         out[s + 1] = x.to(out.dtype)
     return out

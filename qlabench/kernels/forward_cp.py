@@ -75,7 +75,7 @@ from dataclasses import dataclass
 import torch
 
 from .common.chunks import chunk_table, f32_buffers
-from .common.cp_correct import cp_correct
+from .common.cp_correct import cp_correct, split_m
 from .common.cp_tables import cp_tables
 from .common.cumsum import chunk_local_cumsum
 from .cp import CPPlan, plan_cp
@@ -100,7 +100,9 @@ class ForwardKernels:
     factory(h_qk, h_v, K, V, BV, C, dtype, state_v_first, arch_name) -> kernel;
     correct(init, L, M, flag, src, out, arch_name): the correction chain (common/cp_correct.cp_correct);
     tables(plan, g_cumsum, decay_threshold, arch_name) -> (skip_local, skip_m, flag): the warm-up tables
-    (common/cp_tables.cp_tables; None: ``warmup_tables``, their torch form, which the twins use).
+    (common/cp_tables.cp_tables; None: ``warmup_tables``, their torch form, which the twins use);
+    split(M, arch_name) -> (M_hi, M_lo): the transitions' bf16 split that ``correct`` reads, done once and
+    kept in `PieceTransitions` for the backward's chain (common/cp_correct.split_m; None: M as it is).
     """
 
     cumsum: Callable
@@ -108,6 +110,7 @@ class ForwardKernels:
     recurrence: Callable
     correct: Callable
     tables: Callable | None = None
+    split: Callable | None = None
 
 
 def _device_kernels(arch, fwd_kernel: str | None = None) -> ForwardKernels:
@@ -115,7 +118,8 @@ def _device_kernels(arch, fwd_kernel: str | None = None) -> ForwardKernels:
     QLABENCH_FWD_KERNEL switch, read at each launch)."""
     recurrence = (recurrence_kernel if fwd_kernel is None
                   else functools.partial(recurrence_kernel, fwd_kernel=fwd_kernel))
-    return ForwardKernels(chunk_local_cumsum, kernel_factory(arch, "kkt_solve"), recurrence, cp_correct, cp_tables)
+    return ForwardKernels(chunk_local_cumsum, kernel_factory(arch, "kkt_solve"), recurrence, cp_correct, cp_tables,
+                          split_m)
 
 
 def chunk_gated_delta_rule_fwd_cp(
@@ -301,36 +305,16 @@ class PieceTransitions:
     where the piece does not decay below e^threshold).
 
     M: `[P1 + 1, H_v, K, K]`, row r = piece ``first`` + r of the plan's pass1 range, as the recurrence
-    stored it (M, or M^T with ``state_v_first``); valid only where ``flag`` is 1. flag: `[P1 + 1, H_v]`
-    int32 (the last row 0).
+    stored it (M, or M^T with ``state_v_first``), or its (M_hi, M_lo) split (`ForwardKernels.split`);
+    valid only where ``flag`` is 1. flag: `[P1 + 1, H_v]` int32 (the last row 0). The backward's chain
+    reads both through the plan's bwd_m_rows, M transposed unless ``state_v_first`` (cp_correct's
+    m_rows, transpose_m): no copy.
     """
 
-    M: torch.Tensor
+    M: torch.Tensor | tuple
     flag: torch.Tensor
     first: int
     state_v_first: bool
-
-    def adjoint(self, lo: int, hi: int, needs: torch.Tensor):
-        """(Mt `[hi - lo + 1, H_v, K, K]` in the [K, V] layout (M^T), flag `[hi - lo + 1, H_v]` int32)
-        for the pieces lo .. hi - 1 (the last row 0), flag also 0 where ``needs`` `[hi - lo]` is False.
-
-        Rows of pieces outside the forward's range (flag 0: never read) are left as they are; each run of
-        consecutive forward rows is one transposing copy (no gather pass; a run per long sequence), or
-        one gather when the runs are many."""
-        n = self.M.shape[0] - 1
-        r = torch.arange(lo, hi, device=self.M.device) - self.first
-        r = torch.where((r >= 0) & (r < n), r, torch.full_like(r, n))
-        r = torch.cat([r, torch.full_like(r[:1], n)])
-        flag = self.flag[r] * torch.cat([needs, needs.new_zeros(1)]).to(torch.int32)[:, None]
-        runs = _row_runs([j - self.first if 0 <= j - self.first < n else None for j in range(lo, hi)])
-        if len(runs) > 4:
-            M = self.M[r]
-            return (M if self.state_v_first else M.transpose(-1, -2)).contiguous(), flag
-        Mt = torch.empty((hi - lo + 1,) + tuple(self.M.shape[1:]), dtype=self.M.dtype, device=self.M.device)
-        for dst, src, length in runs:
-            M = self.M[src:src + length]
-            Mt[dst:dst + length].copy_(M if self.state_v_first else M.transpose(-1, -2))
-        return Mt, flag
 
 
 def slots_ahead_of(tail: torch.Tensor, n_slots: int, nl: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -341,19 +325,6 @@ def slots_ahead_of(tail: torch.Tensor, n_slots: int, nl: int) -> tuple[torch.Ten
     out = tail.new_empty((n_rows + tail.shape[0],) + tuple(tail.shape[1:]))
     out[n_rows:].copy_(tail)
     return out, out[:n_rows].view((n_slots, nl) + tuple(tail.shape[1:]))
-
-
-def _row_runs(rows) -> list[tuple[int, int, int]]:
-    """(dst, src, length) runs of consecutive source rows in ``rows`` (None entries skipped)."""
-    runs = []
-    for i, x in enumerate(rows):
-        if x is None:
-            continue
-        if runs and runs[-1][0] + runs[-1][2] == i and runs[-1][1] + runs[-1][2] == x:
-            runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
-        else:
-            runs.append((i, x, 1))
-    return runs
 
 
 def piece_initial_states(p, plan, state_v_first, q2, k2, v2, g_cumsum, Ag, Pm, user_h0, decay_threshold,
@@ -412,14 +383,17 @@ def piece_initial_states(p, plan, state_v_first, q2, k2, v2, g_cumsum, Ag, Pm, u
         h0_all, slots = slots_ahead_of(user_h0, plan.n_slots, nl)
         init = user_h0[plan.slot_seq]
         src = plan.slot_src
+        # the chain's products read M as it is stored: transposed with state_v_first (M^T stored)
+        Mk = kernels.split(M, arch.name) if kernels.split is not None else M
+        del M
         if state_v_first:
             kv_slots = torch.empty((plan.n_slots, nl, H, K, state[1]), dtype=sdt, device=dev)
             kernels.correct(init.transpose(-1, -2).contiguous(), S_loc.transpose(-1, -2).contiguous(),
-                            M.transpose(-1, -2).contiguous(), flag, src, kv_slots, arch.name)
+                            Mk, flag, src, kv_slots, arch.name, transpose_m=True)
             slots.copy_(kv_slots.transpose(-1, -2))
         else:
-            kernels.correct(init.contiguous(), S_loc, M, flag, src, slots, arch.name)
-        transitions = PieceTransitions(M, flag, lo, state_v_first)
+            kernels.correct(init.contiguous(), S_loc, Mk, flag, src, slots, arch.name)
+        transitions = PieceTransitions(Mk, flag, lo, state_v_first)
     else:
         h0_all = user_h0
         transitions = None

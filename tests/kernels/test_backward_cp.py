@@ -110,9 +110,9 @@ def _counting(calls: list):
             return launch
         return make
 
-    def correct(*a):
+    def correct(*a, **kw):
         calls.append(("correct", a[5].shape[0] - 1, a))
-        return TWIN_KERNELS["correct"](*a)
+        return TWIN_KERNELS["correct"](*a, **kw)
 
     return BackwardCPKernels(bwd, correct, ForwardKernels(TWIN_KERNELS["cumsum"], TWIN_KERNELS["kkt_solve"], recurrence,
                                                           correct))
@@ -358,25 +358,53 @@ def test_bad_arguments_are_named():
         _bwd_cp(*a[:12], other, None, "auto", None, BackwardCPKernels(KERNEL_TWINS, TWIN_KERNELS["correct"]), arch, 132)
 
 
+@pytest.mark.parametrize("cu,L", [([0, 8192, 8192 + 3000, 8192 + 3000 + 20480], 8), ([0, 100, 12345], 16)])
+def test_bwd_m_rows_point_at_the_forward_chain_rows(cu, L):
+    """plan.bwd_m_rows: each row of the backward's local range that enters its chain (a middle piece) reads
+    the forward chain's row of the same piece; every other row (first and last pieces, the zero row) the
+    forward's zero-flag row P1."""
+    from qlabench.kernels.cp import build_plan
+
+    plan = build_plan(cu, L, 64, torch.device("cpu"))
+    lo, hi = plan.bwd_pass
+    p1_lo, p1_hi = plan.pass1
+    rows = plan.bwd_m_rows.tolist()
+    assert len(rows) == hi - lo + 1 and rows[-1] == p1_hi - p1_lo
+    seq = [p[2] for p in plan.pieces]
+    for r, j in enumerate(range(lo, hi)):
+        middle = 0 < j < len(seq) - 1 and seq[j - 1] == seq[j] == seq[j + 1]
+        assert rows[r] == (j - p1_lo if middle else p1_hi - p1_lo), (r, j)
+    assert plan.bwd_needs_m.tolist() == [x != p1_hi - p1_lo for x in rows[:-1]]
+    assert torch.equal(plan.bwd_slot_src32, plan.bwd_slot_src.to(torch.int32))
+
+
 @pytest.mark.parametrize("state_v_first", [False, True], ids=["kv", "vk"])
-@pytest.mark.parametrize("lo,hi,first", [(1, 5, 0), (3, 9, 2), (0, 12, 1), (2, 3, 5)])
-def test_adjoint_copies_runs_as_the_gather_did(state_v_first, lo, hi, first):
-    """PieceTransitions.adjoint: every row the chain reads (flag 1) is M^T of its forward row (M with
-    state_v_first) whether it comes from a run copy or the many-runs gather; flag as before."""
-    from qlabench.kernels.forward_cp import PieceTransitions, _row_runs
+def test_chain_reads_the_forward_transitions_through_m_rows(state_v_first):
+    """The correction chain (its float64 twin) on the forward's stored transitions through m_rows, read
+    transposed (transpose_m = not state_v_first), equals the chain on the explicitly gathered M^T with
+    the flags masked by the rows that enter (what PieceTransitions.adjoint built before); the (hi, lo)
+    pair form is read as hi + lo."""
+    from qlabench.kernels.emulate_fwd import twin_cp_correct
 
     gen = torch.Generator().manual_seed(11)
-    n, H, K = 6, 3, 4
+    n, H, K, n_src, n_out = 6, 3, 4, 5, 6
     M = torch.randn(n + 1, H, K, K, generator=gen, dtype=torch.float64)
     flag = (torch.rand(n + 1, H, generator=gen) < 0.7).to(torch.int32)
     flag[n] = 0
-    needs = torch.rand(hi - lo, generator=gen) < 0.8
-    Mt, f = PieceTransitions(M, flag, first, state_v_first).adjoint(lo, hi, needs)
-    r = [j - first if 0 <= j - first < n else n for j in range(lo, hi)] + [n]
-    want_f = flag[r] * torch.cat([needs, needs.new_zeros(1)]).to(torch.int32)[:, None]
-    assert torch.equal(f, want_f)
-    want = M[r] if state_v_first else M[r].transpose(-1, -2)
-    on = want_f.bool()
-    assert torch.equal(Mt[on], want[on])
-    assert _row_runs([None, 0, 1, 2, None, 4, 5]) == [(1, 0, 3), (5, 4, 2)]
-    assert _row_runs([3, 5, 6]) == [(0, 3, 1), (1, 5, 2)]
+    M[flag == 0] = float("nan")  # never read
+    m_rows = torch.tensor([2, n, 0, 5, n], dtype=torch.int32)  # last row: the zero row
+    init = torch.randn(1, H, K, K, generator=gen, dtype=torch.float64)
+    L = torch.randn(n_src, H, K, K, generator=gen, dtype=torch.float64)
+    L[-1] = 0
+    src = torch.tensor([[0], [3], [1], [2], [4]], dtype=torch.int32)
+    r = m_rows.long()
+    Mt = M[r] if state_v_first else M[r].transpose(-1, -2)
+    want = twin_cp_correct(init, L, Mt.contiguous(), flag[r], src, torch.empty(n_out, 1, H, K, K, dtype=torch.float64),
+                           "cpu")
+    got = twin_cp_correct(init, L, M, flag, src, torch.empty_like(want), "cpu", m_rows=m_rows,
+                          transpose_m=not state_v_first)
+    assert torch.equal(got, want)
+    hi = M.float().to(torch.float64)
+    pair = twin_cp_correct(init, L, (hi, M - hi), flag, src, torch.empty_like(want), "cpu", m_rows=m_rows,
+                           transpose_m=not state_v_first)
+    assert torch.allclose(pair, want, rtol=1e-12, atol=1e-12)

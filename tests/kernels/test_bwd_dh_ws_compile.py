@@ -129,7 +129,8 @@ def test_bwd_dh_ws_matches_pipelined(case, bv, monkeypatch):
     cu = [0, 100, 229, 1000] (partial last chunks, one that ends mid-chunk before the next sequence)
     plus a 37-token padding tail whose q, k, dO, Pg, Ag rows are NaN (what the partial chunk loads
     past the end must not leak in); dense: B = 1, T = 4096. Checks: the same elements written (NaN
-    pattern equal), no NaN in the written rows, relative L2 <= 2e-3 per output."""
+    pattern equal), no NaN in the written rows, relative L2 <= 2e-3 per output; and bwd_dh_ws with
+    has_skip = 1 and nothing skipped (the CP local pass's form) writes the same dh0 and no dh, dV', dv row."""
     import torch
 
     from qlabench.kernels import backward
@@ -168,6 +169,15 @@ def test_bwd_dh_ws_matches_pipelined(case, bv, monkeypatch):
         torch.cuda.synchronize()
         for i, name in _DH_OUTPUTS.items():
             got[name] = (a_pipe[i], a_ws[i])
+        # has_skip = 1 with nothing skipped (the local pass's form): the same dh0, no row written
+        a_loc = list(a_ws)
+        for i in _DH_OUTPUTS:
+            a_loc[i] = torch.full_like(args[i], float("nan"))
+        a_loc[8] = torch.zeros(args[13].shape[0], h_v, dtype=torch.int32, device="cuda")
+        a_loc[15] = 1
+        ws(*a_loc)
+        torch.cuda.synchronize()
+        got["local"] = a_loc
 
     kernels = backward._kernels(h_qk, h_v, "bfloat16", "sm90", bv)
     run = {"bwd_prepare": kernels["bwd_prepare"], "bwd_h": kernels["bwd_h"], "bwd_dh": both,
@@ -177,6 +187,12 @@ def test_bwd_dh_ws_matches_pipelined(case, bv, monkeypatch):
                                inp["initial_state"], inp["cu_seqlens"], False, C),
         inp["q"], inp["k"], inp["v"], g_cumsum, inp["beta"], A, do, inp["dht"], inp["initial_state"],
         inp["cu_seqlens"], False, C, run)
+    local = got.pop("local")
+    for i, name in _DH_OUTPUTS.items():
+        if name == "dh0":
+            assert torch.equal(local[i], got[name][1]), "has_skip = 1 with no skip changed dh0"
+        else:
+            assert torch.isnan(local[i]).all(), f"has_skip = 1 (local pass) stored {name} rows"
     assert set(got) == set(_DH_OUTPUTS.values())
     errs = {}
     for name, (p, w) in got.items():

@@ -1,5 +1,5 @@
-"""common/cp_tables.py (the CP forward's warm-up tables in one launch) against forward_cp.warmup_tables,
-their torch form: on the CPU its loop is mirrored in Python over the plan's int32 tables and it compiles
+"""common/cp_tables.py (the CP forward's warm-up tables in one launch, and the backward's local-pass skips)
+against forward_cp.warmup_tables and backward_cp.local_skips, their torch forms: on the CPU its loop is mirrored in Python over the plan's int32 tables and it compiles
 for sm_90a; on a GPU the compiled kernel must give the same int32 tables bit for bit."""
 
 from __future__ import annotations
@@ -32,9 +32,12 @@ def _inputs(cu, H, gate_scale, device, seed=0):
     return cumsum(g, table, C, "sm90")
 
 
-def _mirror(plan, g_cumsum, threshold):
-    """The kernel's loop in Python over pass1_rev_last32 / pass1_piece32 (fp64 running sum)."""
-    last, piece = plan.pass1_rev_last32.tolist(), plan.pass1_piece32.tolist()
+def _mirror(plan, g_cumsum, threshold, direction="forward"):
+    """The kernel's loop in Python over pass1_rev_last32 / pass1_piece32 (bwd_fwd_last32 / bwd_piece32
+    backward; fp64 running sum; needed = 2 never truncates)."""
+    last, piece = ((plan.pass1_rev_last32, plan.pass1_piece32) if direction == "forward"
+                   else (plan.bwd_fwd_last32, plan.bwd_piece32))
+    last, piece = last.tolist(), piece.tolist()
     P1, H = len(piece), g_cumsum.shape[1]
     skip_local = torch.zeros(P1, H, dtype=torch.int32)
     skip_m = torch.zeros(P1, H, dtype=torch.int32)
@@ -47,7 +50,7 @@ def _mirror(plan, g_cumsum, threshold):
                 s += float(gam[tok, h]) if tok >= 0 else 0.0
                 if threshold is not None and s < threshold and first == len(last[j]):
                     first = r
-            reached = threshold is not None and first < len(last[j])
+            reached = threshold is not None and first < len(last[j]) and needed == 1
             fallback = bool(needed) and not reached
             skip_local[j, h] = (m - first - 1 if reached else 0) if needed else m
             skip_m[j, h] = 0 if fallback else m
@@ -65,6 +68,20 @@ def test_kernel_loop_matches_warmup_tables(cu, L, threshold):
     got = _mirror(plan, g_cumsum, threshold)
     for w, x in zip(want, got):
         assert torch.equal(w.cpu(), x)
+
+
+@pytest.mark.parametrize("cu,L", PLANS)
+@pytest.mark.parametrize("threshold", [-10.0, -3.0, None])
+def test_backward_direction_loop_matches_local_skips(cu, L, threshold):
+    """The same loop over the backward's tables (pieces walked from their start; first pieces skip all,
+    last pieces none) is backward_cp.local_skips."""
+    from qlabench.kernels.backward_cp import local_skips
+
+    plan = build_plan(cu, L, C, torch.device("cpu"))
+    g_cumsum = _inputs(cu, 6, 0.3, torch.device("cpu")).float()
+    want = local_skips(plan, g_cumsum, threshold)
+    got = _mirror(plan, g_cumsum, threshold, "backward")[0]
+    assert torch.equal(want.cpu(), got)
 
 
 def test_compiles_for_sm90a():
@@ -88,3 +105,7 @@ def test_kernel_matches_warmup_tables_on_the_gpu(cu, L, threshold):
     got = cp_tables(plan, g_cumsum, threshold, arch_for_device(dev).name)
     for name, w, x in zip(("skip_local", "skip_m", "flag"), want, got):
         assert torch.equal(w, x), (name, cu, L, threshold)
+    from qlabench.kernels.backward_cp import local_skips
+
+    got = cp_tables(plan, g_cumsum, threshold, arch_for_device(dev).name, "backward")[0]
+    assert torch.equal(local_skips(plan, g_cumsum, threshold), got), ("backward", cu, L, threshold)

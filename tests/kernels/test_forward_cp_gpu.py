@@ -196,12 +196,15 @@ def test_cp_cuda_graph_capture():
     assert torch.equal(captured[2], eager[2]) and torch.equal(captured[4], eager[4])
 
 
+@pytest.mark.parametrize("form", ["M", "rows-transposed"])
 @pytest.mark.parametrize("n_long,H", [(1, 8), (3, 4)])
-def test_cp_correct_chain_matches_the_twin(n_long, H):
+def test_cp_correct_chain_matches_the_twin(n_long, H, form):
     """common/cp_correct (one launch, bf16 hi/lo products) against its float64 twin: a 31-step chain
     with transitions of spectral norm ~1 (the worst case for accumulated rounding), heads and steps
     with flag 0 whose M rows hold NaN (never read), a zero row; error of every slot <= 2e-4 (one bf16
-    product per step would give ~1e-2 here)."""
+    product per step would give ~1e-2 here). "rows-transposed": M read through m_rows (a permutation into
+    a table with one row more) and transposed, as the backward's chain reads the forward's transitions, with
+    M passed split (split_m)."""
     from qlabench.kernels.common.cp_correct import cp_correct
     from qlabench.kernels.dispatch import arch_for_device
     from qlabench.kernels.emulate_fwd import twin_cp_correct
@@ -220,11 +223,24 @@ def test_cp_correct_chain_matches_the_twin(n_long, H):
     M[flag == 0] = float("nan")
     src = torch.randint(0, n_src, (n_out - 1, n_long), generator=gen, dtype=torch.int32)
     src[-1] = n_src - 1
-    want = twin_cp_correct(init, L, M, flag, src, torch.empty(n_out, n_long, H, K, V, dtype=torch.float64), "cpu")
     dev = torch.device("cuda")
     arch = arch_for_device(dev)
     got = torch.full((n_out, n_long, H, K, V), 7.0, device=dev)
-    cp_correct(*(x.to(dev) for x in (init, L, M, flag, src)), got, arch.name)
+    if form == "M":
+        want = twin_cp_correct(init, L, M, flag, src, torch.empty(n_out, n_long, H, K, V, dtype=torch.float64), "cpu")
+        cp_correct(*(x.to(dev) for x in (init, L, M, flag, src)), got, arch.name)
+    else:
+        from qlabench.kernels.common.cp_correct import split_m
+
+        perm = torch.randperm(n_src + 1, generator=gen)[:n_src].to(torch.int32)  # row j of L -> row perm[j] of M
+        M2 = torch.full((n_src + 1, H, K, K), float("nan"))
+        M2[perm.long()] = M.transpose(-1, -2)
+        flag2 = torch.zeros(n_src + 1, H, dtype=torch.int32)
+        flag2[perm.long()] = flag
+        want = twin_cp_correct(init, L, M2, flag2, src, torch.empty(n_out, n_long, H, K, V, dtype=torch.float64),
+                               "cpu", m_rows=perm, transpose_m=True)
+        cp_correct(*(x.to(dev) for x in (init, L)), split_m(M2.contiguous().to(dev), arch.name), flag2.to(dev),
+                   src.to(dev), got, arch.name, m_rows=perm.to(dev), transpose_m=True)
     got = got.cpu().double()
     assert torch.isfinite(got).all()
     err = [rel_l2(got[s], want[s]) for s in range(n_out)]

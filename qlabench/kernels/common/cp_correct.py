@@ -4,21 +4,25 @@ terminal gradients), instead of one batched matmul launch per piece position.
 Formula. For every long sequence l, v-head h and piece position s = 0 .. n_out - 2 (a serial chain):
 
     X[0]     = init[l, h]
-    X[s + 1] = L[j, h] + flag[j, h] * (M[j, h] X[s]),     j = src[s, l]
+    X[s + 1] = L[j, h] + flag[m, h] * (M[m, h] X[s]),     j = src[s, l],  m = m_rows[j] (or j)
 
 X, L are K x V fp32 states in the kernels' [K, V] layout, M is K x K fp32. Forward (forward_cp.py (c)):
 X = the piece initial states, L = S_loc, M = the piece transitions; backward (backward_cp.py (d)):
 X = the piece terminal gradients, L = dS_loc, M = the transposed transitions (bwd_dh from terminal I
-stores M^T). ``flag`` = 0 where the transition was dropped by the warm-up truncation (or is not needed):
-X[s + 1] = L then, and M[j, h] is never read (it may hold anything). Row j of L for a chain slot with no
-piece is a zero row of the caller's table (flag 0).
+stores M^T), or the forward's M itself read transposed (``transpose_m``: the products take M's shared tile
+as a transposed operand) through ``m_rows``, the row of M and flag of each row of L (the forward's chain
+covers other pieces than the backward's): no transposing copy, no gather of M. ``flag`` = 0 where the
+transition was dropped by the warm-up truncation (or is not needed): X[s + 1] = L then, and M[m, h] is
+never read (it may hold anything). Row j of L for a chain slot with no piece is a zero row of the caller's
+table (flag 0).
 
 Product precision. M X runs on tensor cores in bf16 with a hi / lo split of both factors
 (Y = bf16(Y) + bf16(Y - bf16(Y)) for Y = M, X): M X ~ M_hi X_hi + M_hi X_lo + M_lo X_hi, three products
 with fp32 accumulation; the dropped M_lo X_lo term and the rounding of the lo parts leave a relative error
 of about 2^-16 per step (one bf16 product: 2^-8), so a chain of 30+ steps stays near fp32. M's split is
 done once for every row before the launch (``split_hi_lo_kernel``, one launch: two bf16 tensors, the
-same roundings the kernel did per step before, session 10); X's in the kernel.
+same roundings the kernel did per step before, session 10), by the caller where it keeps it (``split_m``:
+the CP forward splits its transitions once and the backward's chain reads that split); X's in the kernel.
 
 Loads. The chain's step s needs M_hi, M_lo and the L tile of row j = src[s] only, not X, so they are
 prefetched: TMA loads into a 2-stage ring (one mbarrier per stage), issued two steps ahead, so a step
@@ -45,8 +49,9 @@ THREADS = 128
 
 
 @functools.cache
-def cp_correct_kernel(H: int, K: int, V: int, BV: int, arch: str):
-    """Compiled correction chain for H v-heads, K x V states and V tiles of BV columns."""
+def cp_correct_kernel(H: int, K: int, V: int, BV: int, arch: str, transpose_m: bool = False):
+    """Compiled correction chain for H v-heads, K x V states and V tiles of BV columns; ``transpose_m``:
+    the products use M^T (the shared M tiles as transposed operands)."""
     if V % BV:
         raise ValueError(f"V ({V}) must be a multiple of the V tile BV ({BV})")
     NV = V // BV
@@ -54,33 +59,37 @@ def cp_correct_kernel(H: int, K: int, V: int, BV: int, arch: str):
     n_out = T.dynamic("n_out")
     n_steps = T.dynamic("n_steps")
     n_src = T.dynamic("n_src")
+    n_m = T.dynamic("n_m")
+    n_mr = T.dynamic("n_mr")
     n_long = T.dynamic("n_long")
 
     @T.macro
-    def fetch(st: int, s, l, h, v0, L, M_hi, M_lo, src, Mh_s, Ml_s, L_s, full):
+    def fetch(st: int, s, l, h, v0, L, M_hi, M_lo, src, m_rows, has_rows, Mh_s, Ml_s, L_s, full):
         """Stage st <- step s's M_hi, M_lo rows and L tile (TMA on full[st]); nothing past the chain."""
         if s < n_out - 1:
             j = src[s, l]
-            T.tma_copy(M_hi[j, h, :, :], Mh_s, barrier=full[st])
-            T.tma_copy(M_lo[j, h, :, :], Ml_s, barrier=full[st])
+            m = T.if_then_else(has_rows != 0, m_rows[T.min(j, n_mr - 1)], j)
+            T.tma_copy(M_hi[m, h, :, :], Mh_s, barrier=full[st])
+            T.tma_copy(M_lo[m, h, :, :], Ml_s, barrier=full[st])
             T.tma_copy(L[j, h, :, v0:v0 + BV], L_s, barrier=full[st])
             T.mbarrier_arrive(full[st])
 
     @T.macro
-    def step(st: int, s, l, h, v0, L, M_hi, M_lo, flag, src, out, Mh_s, Ml_s, L_s, Xt_hi, Xt_lo, X_f, P_f,
-             full):
-        """X <- L[j] + flag[j] M[j] X for step s (stage st), stored as out[s + 1]; then stage st <- step s + S."""
+    def step(st: int, s, l, h, v0, L, M_hi, M_lo, flag, src, m_rows, has_rows, out, Mh_s, Ml_s, L_s, Xt_hi, Xt_lo,
+             X_f, P_f, full):
+        """X <- L[j] + flag[m] M[m] X for step s (stage st), stored as out[s + 1]; then stage st <- step s + S."""
         if s < n_out - 1:
             j = src[s, l]
+            m = T.if_then_else(has_rows != 0, m_rows[T.min(j, n_mr - 1)], j)
             T.mbarrier_wait_parity(full[st], (s // S) & 1)
-            if flag[j, h] != 0:
+            if flag[m, h] != 0:
                 for i, c in T.Parallel(K, BV):
                     Xt_hi[c, i] = T.cast(X_f[i, c], "bfloat16")
                 for i, c in T.Parallel(K, BV):
                     Xt_lo[c, i] = T.cast(X_f[i, c] - T.cast(T.cast(X_f[i, c], "bfloat16"), "float32"), "bfloat16")
-                T.gemm(Mh_s, Xt_hi, P_f, transpose_B=True, clear_accum=True)
-                T.gemm(Mh_s, Xt_lo, P_f, transpose_B=True)
-                T.gemm(Ml_s, Xt_hi, P_f, transpose_B=True)
+                T.gemm(Mh_s, Xt_hi, P_f, transpose_A=transpose_m, transpose_B=True, clear_accum=True)
+                T.gemm(Mh_s, Xt_lo, P_f, transpose_A=transpose_m, transpose_B=True)
+                T.gemm(Ml_s, Xt_hi, P_f, transpose_A=transpose_m, transpose_B=True)
                 for i, c in T.Parallel(K, BV):
                     X_f[i, c] = P_f[i, c] + L_s[i, c]
             else:
@@ -89,17 +98,19 @@ def cp_correct_kernel(H: int, K: int, V: int, BV: int, arch: str):
             for i, c in T.Parallel(K, BV):
                 out[s + 1, l, h, i, v0 + c] = X_f[i, c]
             T.sync_threads()  # every read of stage st done before it is refilled
-            fetch(st, s + S, l, h, v0, L, M_hi, M_lo, src, Mh_s, Ml_s, L_s, full)
+            fetch(st, s + S, l, h, v0, L, M_hi, M_lo, src, m_rows, has_rows, Mh_s, Ml_s, L_s, full)
 
     @T.prim_func
     def cp_correct(
         init: T.Tensor((n_long, H, K, V), "float32"),
         L: T.Tensor((n_src, H, K, V), "float32"),
-        M_hi: T.Tensor((n_src, H, K, K), "bfloat16"),
-        M_lo: T.Tensor((n_src, H, K, K), "bfloat16"),
-        flag: T.Tensor((n_src, H), "int32"),
+        M_hi: T.Tensor((n_m, H, K, K), "bfloat16"),
+        M_lo: T.Tensor((n_m, H, K, K), "bfloat16"),
+        flag: T.Tensor((n_m, H), "int32"),
         src: T.Tensor((n_steps, n_long), "int32"),
+        m_rows: T.Tensor((n_mr,), "int32"),
         out: T.Tensor((n_out, n_long, H, K, V), "float32"),
+        has_rows: T.int32,
     ):
         with T.Kernel(NV, n_long * H, threads=THREADS) as (iv, lh):
             Mh0 = T.alloc_shared((K, K), "bfloat16")
@@ -119,17 +130,18 @@ def cp_correct_kernel(H: int, K: int, V: int, BV: int, arch: str):
             l = lh // H
             h = lh % H
             v0 = iv * BV
-            fetch(0, 0, l, h, v0, L, M_hi, M_lo, src, Mh0, Ml0, L0, full)
+            fetch(0, 0, l, h, v0, L, M_hi, M_lo, src, m_rows, has_rows, Mh0, Ml0, L0, full)
             if S == 2:
-                fetch(1, 1, l, h, v0, L, M_hi, M_lo, src, Mh1, Ml1, L1, full)
+                fetch(1, 1, l, h, v0, L, M_hi, M_lo, src, m_rows, has_rows, Mh1, Ml1, L1, full)
             for i, c in T.Parallel(K, BV):
                 X_f[i, c] = init[l, h, i, v0 + c]
             for i, c in T.Parallel(K, BV):
                 out[0, l, h, i, v0 + c] = X_f[i, c]
             for p in T.serial(T.ceildiv(n_out - 1, 2)):
-                step(0, 2 * p, l, h, v0, L, M_hi, M_lo, flag, src, out, Mh0, Ml0, L0, Xt_hi, Xt_lo, X_f, P_f, full)
-                step(S - 1, 2 * p + 1, l, h, v0, L, M_hi, M_lo, flag, src, out, Mh1, Ml1, L1, Xt_hi, Xt_lo, X_f,
-                     P_f, full)
+                step(0, 2 * p, l, h, v0, L, M_hi, M_lo, flag, src, m_rows, has_rows, out, Mh0, Ml0, L0, Xt_hi,
+                     Xt_lo, X_f, P_f, full)
+                step(S - 1, 2 * p + 1, l, h, v0, L, M_hi, M_lo, flag, src, m_rows, has_rows, out, Mh1, Ml1, L1,
+                     Xt_hi, Xt_lo, X_f, P_f, full)
 
     return compile_for(cp_correct, arch)
 
@@ -158,23 +170,40 @@ def split_hi_lo_kernel(K: int, arch: str):
     return compile_for(split_hi_lo, arch)
 
 
-def cp_correct(init, L, M, flag, src, out, arch: str):
+def split_m(M: torch.Tensor, arch: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(M_hi, M_lo) bf16 of M `[n, H, K, K]` fp32 (contiguous): what cp_correct reads, split once (one launch)."""
+    if not M.is_contiguous():
+        raise ValueError(f"split_m: M must be contiguous, got strides {M.stride()}")
+    K = M.shape[-1]
+    M_hi = torch.empty(M.shape, dtype=torch.bfloat16, device=M.device)
+    M_lo = torch.empty_like(M_hi)
+    split_hi_lo_kernel(K, arch)(M.view(-1, K), M_hi.view(-1, K), M_lo.view(-1, K))
+    return M_hi, M_lo
+
+
+def cp_correct(init, L, M, flag, src, out, arch: str, *, m_rows=None, transpose_m: bool = False):
     """Launches the chain (module docstring) on the device; ``out[0]`` = ``init``.
 
-    Args: init `[n_long, H, K, V]`, L `[n_src, H, K, V]`, M `[n_src, H, K, K]` fp32 (contiguous, [K, V]
-    layout); flag `[n_src, H]` int32; src `[n_out - 1, n_long]` int32 row indices into L / M / flag;
-    out `[n_out, n_long, H, K, V]` fp32, written.
+    Args: init `[n_long, H, K, V]`, L `[n_src, H, K, V]` fp32; M `[n_m, H, K, K]` fp32, or its (M_hi, M_lo)
+    from `split_m` (contiguous, [K, V] layout); flag `[n_m, H]` int32; src `[n_out - 1, n_long]` int32 row
+    indices into L; m_rows `[n_src]` int32, the row of M and flag of each row of L (None: the same row, n_m =
+    n_src); transpose_m: the chain multiplies by M^T; out `[n_out, n_long, H, K, V]` fp32, written.
     """
     _, H, K, V = init.shape
-    for name, x in (("init", init), ("L", L), ("M", M), ("flag", flag), ("src", src), ("out", out)):
+    pair = isinstance(M, tuple)
+    for name, x in (("init", init), ("L", L), ("flag", flag), ("src", src), ("out", out)) + (
+            (("M_hi", M[0]), ("M_lo", M[1])) if pair else (("M", M),)):
         if not x.is_contiguous():
             raise ValueError(f"cp_correct: {name} must be contiguous, got strides {x.stride()}")
+    if m_rows is not None and (m_rows.dtype != torch.int32 or tuple(m_rows.shape) != (L.shape[0],)):
+        raise ValueError(f"cp_correct: m_rows must be int32 of shape ({L.shape[0]},), got {m_rows.dtype} "
+                         f"{tuple(m_rows.shape)}")
     if out.shape[0] == 1:  # no step: the chain is its start
         out[0].copy_(init)
         return out
     bv = BV_CORRECT if V % BV_CORRECT == 0 else V
-    M_hi = torch.empty(M.shape, dtype=torch.bfloat16, device=M.device)
-    M_lo = torch.empty_like(M_hi)
-    split_hi_lo_kernel(K, arch)(M.view(-1, K), M_hi.view(-1, K), M_lo.view(-1, K))
-    cp_correct_kernel(H, K, V, bv, arch)(init, L, M_hi, M_lo, flag, src, out)
+    M_hi, M_lo = M if pair else split_m(M, arch)
+    rows = m_rows if m_rows is not None else torch.empty(1, dtype=torch.int32, device=init.device)  # never read
+    cp_correct_kernel(H, K, V, bv, arch, bool(transpose_m))(init, L, M_hi, M_lo, flag, src, rows, out,
+                                                            int(m_rows is not None))
     return out

@@ -7,6 +7,9 @@ threshold) and the piece's states enter the chain (``needed``). Outputs, int32:
     skip_local[j, h] = m_j - n (reached), 0 (fallback), m_j (piece not needed: no work)
     skip_m[j, h]     = 0 (fallback), else m_j (the transition pass does nothing there)
     flag[j, h]       = fallback; row P1 is zero (the chain's zero slot)
+``needed`` = 2 (the backward's last pieces, which carry the sequence's dht) runs every chunk: skip_local = 0.
+The backward's local pass walks its pieces from the start instead (``direction="backward"``: the plan's bwd_*32
+tables, the same scan): skip_local is then backward_cp.local_skips.
 The same values as forward_cp.warmup_skips (torch: a gather, where, cumsum, compare, cumprod, sum and
 casts, ~15 launches, each a 1.5-2.5 us slot inside a CUDA graph; results/h200/NOTES.md, session 11).
 
@@ -71,7 +74,7 @@ def cp_tables_kernel(H: int, arch: str):
             for b in T.serial(HB):
                 hh = b * THREADS + tx
                 if hh < H:
-                    reached = has_threshold != 0 and first[b] < n_r
+                    reached = has_threshold != 0 and first[b] < n_r and needed == 1
                     fallback = needed != 0 and not reached
                     skip_local[j, hh] = T.if_then_else(needed != 0, T.if_then_else(reached, m - first[b] - 1, 0), m)
                     skip_m[j, hh] = T.if_then_else(fallback, 0, m)
@@ -82,15 +85,20 @@ def cp_tables_kernel(H: int, arch: str):
     return compile_for(cp_tables, arch)
 
 
-def cp_tables(plan, g_cumsum: torch.Tensor, decay_threshold: float | None, arch: str):
+def cp_tables(plan, g_cumsum: torch.Tensor, decay_threshold: float | None, arch: str, direction: str = "forward"):
     """(skip_local `[P1, H]`, skip_m `[P1, H]`, flag `[P1 + 1, H]`) int32 for ``plan``'s local-pass pieces,
-    from the in-chunk cumsum g_cumsum `[n_tok, H]` fp32 (one launch, no host sync)."""
-    P1, H = plan.pass1_piece32.shape[0], g_cumsum.shape[1]
+    from the in-chunk cumsum g_cumsum `[n_tok, H]` fp32 (one launch, no host sync). ``direction="backward"``:
+    the same over the backward's local reverse pass (plan.bwd_pass; only skip_local is meaningful there)."""
+    if direction not in ("forward", "backward"):
+        raise ValueError(f"direction must be 'forward' or 'backward', got {direction!r}")
+    last, piece = ((plan.pass1_rev_last32, plan.pass1_piece32) if direction == "forward"
+                   else (plan.bwd_fwd_last32, plan.bwd_piece32))
+    P1, H = piece.shape[0], g_cumsum.shape[1]
     dev = g_cumsum.device
     skip_local = torch.empty(P1, H, dtype=torch.int32, device=dev)
     skip_m = torch.empty(P1, H, dtype=torch.int32, device=dev)
     flag = torch.empty(P1 + 1, H, dtype=torch.int32, device=dev)
-    cp_tables_kernel(H, arch)(g_cumsum, plan.pass1_rev_last32, plan.pass1_piece32, skip_local, skip_m, flag,
+    cp_tables_kernel(H, arch)(g_cumsum, last, piece, skip_local, skip_m, flag,
                               float(decay_threshold) if decay_threshold is not None else 0.0,
                               int(decay_threshold is not None))
     return skip_local, skip_m, flag

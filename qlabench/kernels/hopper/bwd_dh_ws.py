@@ -3,12 +3,14 @@
 sm90's default reverse pass (KernelOptions.bwd_dh = "auto" or "ws"; "pipelined" takes bwd_dh_pipelined.py;
 backward._dh_role).
 tests/kernels/test_bwd_dh_ws_compile.py is its GPU A/B against bwd_dh_pipelined (dh, dV', dv, dh0);
-its H200 runs, timings and why it is not the default are in results/h200/NOTES.md.
+its H200 runs and timings (against bwd_dh_pipelined) are in results/h200/NOTES.md.
 
 Same signature, grid and outputs as bwd_dh_pipelined.py, so the host can swap one for the other:
 (q, k, do, Pg, Ag, fac, cu_seqlens, chunk_offsets, chunk_skip, dht, dh_out, dvp_out, dv_out, dh0_out, scale,
 has_skip); with has_skip a block runs only its sequence's first m - chunk_skip[n, h] chunks, from dht at
-the end of the last of them (common/bwd_h.reverse_run: backward_cp's truncated local pass);
+the end of the last of them (common/bwd_h.reverse_run: backward_cp's truncated local pass), and stores
+no dh, dV', dv rows, only dh0 (the local and transition passes read nothing else; their row outputs are
+scratch that the final pass writes: the aux warpgroup still waits and arrives as below, it skips the stores);
 grid (V / BV, N * H_v), one block per (sequence, v-head, V tile); BV = 32 or 64, C = 64, K = 128.
 
 Formula per chunk, last chunk first (as bwd_dh_pipelined.py; dS = gradient of the state at the chunk
@@ -257,7 +259,7 @@ def _bwd_dh_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str,
             T.mbarrier_arrive(empty[slot])
 
     @T.macro
-    def aux_step(slot: int, cr, n_chunks, bos, eos, cbase, h, v0, scale, dh_out, dvp_out, dv_out,
+    def aux_step(slot: int, cr, n_chunks, bos, eos, cbase, h, v0, scale, has_skip, dh_out, dvp_out, dv_out,
                  Q_s, K_s, dO_s, Pg_s, Ag_s, F_s, E_s, dS_s, dVp_s, dW_s, PT_s, PT_f,
                  full, empty, aux_ready, s_ready, v_ready, h_free, pt_ready, pt_free):
         if cr < n_chunks:
@@ -291,13 +293,15 @@ def _bwd_dh_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str,
             T.mbarrier_arrive(pt_ready[0])
 
             T.mbarrier_wait_parity(s_ready[slot], ph)
-            for i, j in T.Parallel(K, BV):
-                dh_out[cbase + c, h, i, v0 + j] = dS_s[i, j]
+            if has_skip == 0:  # the local and transition passes (has_skip) keep only dh0: no row stores
+                for i, j in T.Parallel(K, BV):
+                    dh_out[cbase + c, h, i, v0 + j] = dS_s[i, j]
             T.mbarrier_wait_parity(v_ready[slot], ph)
-            for i, j in T.Parallel(C, BV):
-                if t0 + i < eos:
-                    dvp_out[t0 + i, h, v0 + j] = dVp_s[i, j]
-                    dv_out[t0 + i, h, v0 + j] = dW_s[i, j]
+            if has_skip == 0:
+                for i, j in T.Parallel(C, BV):
+                    if t0 + i < eos:
+                        dvp_out[t0 + i, h, v0 + j] = dVp_s[i, j]
+                        dv_out[t0 + i, h, v0 + j] = dW_s[i, j]
             T.mbarrier_arrive(h_free[slot])
 
     def bwd_dh_ws(
@@ -389,10 +393,11 @@ def _bwd_dh_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str,
             else:
                 T.set_max_nreg(NREG_AUX, 1)
                 for p in T.serial(n_pairs):
-                    aux_step(0, 2 * p, n_chunks, bos, eos, cbase, h, v0, scale, dh_out, dvp_out, dv_out,
+                    aux_step(0, 2 * p, n_chunks, bos, eos, cbase, h, v0, scale, has_skip, dh_out, dvp_out, dv_out,
                              Q0, K0, O0, P0, A0, F0, E0, S0, Vp0, W0, PT_s, PT_f,
                              full, empty, aux_ready, s_ready, v_ready, h_free, pt_ready, pt_free)
-                    aux_step(1, 2 * p + 1, n_chunks, bos, eos, cbase, h, v0, scale, dh_out, dvp_out, dv_out,
+                    aux_step(1, 2 * p + 1, n_chunks, bos, eos, cbase, h, v0, scale, has_skip, dh_out, dvp_out,
+                             dv_out,
                              Q1, K1, O1, P1, A1, F1, E1, S1, Vp1, W1, PT_s, PT_f,
                              full, empty, aux_ready, s_ready, v_ready, h_free, pt_ready, pt_free)
 
