@@ -56,7 +56,7 @@ Launches:
       Chain over piece positions counted from the end, all long sequences at once: one launch of
       common/cp_correct.py (M^T read only where a piece enters the chain untruncated). With the forward's
       transitions the chain reads them in place: their bf16 split (`ForwardKernels.split`) through
-      plan.bwd_m_rows, transposed (cp_correct's m_rows, transpose_m), so no M^T copy and no split here.
+      plan.bwd_slot_msrc32, transposed (cp_correct's msrc, transpose_m), so no M^T copy and no split here.
   (e) final reverse pass: bwd_dh over all pieces from the corrected terminal gradients: dh at every
       chunk end, dV', dv, and dh0 of each sequence = the start gradient of its first piece.
   (f) the per-chunk gradients (backward.chunk_grads: bwd_chunk on sm90) over the original chunks,
@@ -187,9 +187,9 @@ def chunk_gated_delta_rule_bwd_cp(
 
 
 def check_transitions(transitions: PieceTransitions, plan: CPPlan) -> None:
-    """The forward's transitions are those of ``plan``'s forward chain (the rows plan.bwd_m_rows points at)."""
+    """The forward's transitions are those of ``plan``'s forward chain (the rows plan.bwd_slot_msrc32 reads)."""
     M = transitions.M[0] if isinstance(transitions.M, tuple) else transitions.M
-    if plan.pass1 is None or plan.bwd_m_rows is None:
+    if plan.pass1 is None or plan.bwd_slot_msrc32 is None:
         raise ValueError("transitions given for a plan without a forward chain (plan.pass1 is None)")
     lo, hi = plan.pass1
     if transitions.first != lo or M.shape[0] != hi - lo + 1 or transitions.flag.shape[0] != hi - lo + 1:
@@ -311,10 +311,10 @@ def _bwd_cp(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, s
         else:
             skip_loc = local_skips(plan, g2, decay_threshold)
         bwd["bwd_dh"](*views, fac, *rng, skip_loc, dht_loc, *scratch, dS_loc[:P2], p.scale, 1)
-        m_rows, transpose_m = None, False
+        msrc, transpose_m = None, False
         if transitions is not None:  # the forward chain's M (read transposed) and truncation decisions
             check_transitions(transitions, plan)
-            Mt, flag, m_rows, transpose_m = (transitions.M, transitions.flag, plan.bwd_m_rows,
+            Mt, flag, msrc, transpose_m = (transitions.M, transitions.flag, plan.bwd_slot_msrc32,
                                              not transitions.state_v_first)
         else:
             # Truncation: fallback[j, h] = the piece enters the chain and does not decay below e^threshold.
@@ -348,7 +348,7 @@ def _bwd_cp(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, s
         nl = len(plan.long_seqs)
         dht_all, slots = slots_ahead_of(user_dht, plan.n_slots - 1, nl)
         kernels.correct(dS_loc[plan.bwd_slot_first], dS_loc, Mt, flag, plan.bwd_slot_src32, slots, arch.name,
-                        m_rows=m_rows, transpose_m=transpose_m)
+                        msrc=msrc, transpose_m=transpose_m)
     else:
         dht_all = user_dht
     dht_pieces = dht_all[plan.dht_src].contiguous()

@@ -155,6 +155,8 @@ class CPPlan:
             transitions (`forward_cp.PieceTransitions`, rows of pass1 plus a zero-flag row P1) that each
             range row enters the backward chain with: P1 where it does not (first and last pieces,
             pieces outside pass1, the range's zero row),
+        bwd_slot_msrc32 `[max(n_slots - 2, 0), n_long]` int32 (None without pass1): bwd_m_rows[bwd_slot_src],
+            the forward chain's row each backward chain step reads (cp_correct's msrc),
         bwd_slot_src32: bwd_slot_src as int32 (what cp_correct reads),
         bwd_dht_src `[p_hi - p_lo]` int64: row of each range piece's local terminal gradient in
             cat(per-sequence dht `[N]`, a zero row): its sequence's dht if it is last, else zero,
@@ -205,6 +207,7 @@ class CPPlan:
     bwd_fwd_last32: torch.Tensor | None = None
     bwd_piece32: torch.Tensor | None = None
     bwd_m_rows: torch.Tensor | None = None
+    bwd_slot_msrc32: torch.Tensor | None = None
     dht_src: torch.Tensor | None = None
     pass1_n_chunks: torch.Tensor | None = None
     pass1_needed: torch.Tensor | None = None
@@ -348,6 +351,7 @@ def build_plan(cu: list[int], piece_chunks: int | None, chunk_size: int, device)
             n1 = p1_hi - p1_lo
             bwd["bwd_m_rows"] = up([j - p1_lo if p1_lo <= j < p1_hi and not is_first[j] and not is_last[j] else n1
                                     for j in range(lo, hi)] + [n1], i32)
+            bwd["bwd_slot_msrc32"] = bwd["bwd_m_rows"][bwd["bwd_slot_src"]].contiguous()
         for l_idx, n in enumerate(long_seqs):
             for i in range(counts[n] - 1):
                 dht_src[first[n] + i] = (counts[n] - 2 - i) * nl + l_idx

@@ -124,9 +124,9 @@ def _twin_recurrence(n_blocks: int, sm_count: int, arch, bv: int | None = None):
     return twin_chunk_fwd_kernel
 
 
-def twin_cp_correct(init, L, M, flag, src, out, arch: str, *, m_rows=None, transpose_m: bool = False):
+def twin_cp_correct(init, L, M, flag, src, out, arch: str, *, msrc=None, transpose_m: bool = False):
     """common/cp_correct.cp_correct in float64: out[0] = init, out[s + 1] = L[j] + flag[m] * (M[m] out[s]),
-    j = src[s], m = m_rows[j] (or j), M^T with ``transpose_m``; M a tensor or a (hi, lo) pair summed in float64
+    j = src[s], m = msrc[s] (or j), M^T with ``transpose_m``; M a tensor or a (hi, lo) pair summed in float64
     (per long sequence and head; M rows with flag 0 are never read, as in the kernel)."""
     if isinstance(M, tuple):
         M = M[0].to(F64) + M[1].to(F64)
@@ -134,7 +134,7 @@ def twin_cp_correct(init, L, M, flag, src, out, arch: str, *, m_rows=None, trans
     out[0] = x.to(out.dtype)
     for s in range(out.shape[0] - 1):
         j = src[s].long()  # [n_long]
-        m = j if m_rows is None else m_rows.long()[j]
+        m = j if msrc is None else msrc[s].long()
         on = (flag[m] != 0)[..., None, None]  # [n_long, H, 1, 1]
         Mm = M[m].to(F64)
         if transpose_m:

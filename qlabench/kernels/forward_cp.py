@@ -307,8 +307,8 @@ class PieceTransitions:
     M: `[P1 + 1, H_v, K, K]`, row r = piece ``first`` + r of the plan's pass1 range, as the recurrence
     stored it (M, or M^T with ``state_v_first``), or its (M_hi, M_lo) split (`ForwardKernels.split`);
     valid only where ``flag`` is 1. flag: `[P1 + 1, H_v]` int32 (the last row 0). The backward's chain
-    reads both through the plan's bwd_m_rows, M transposed unless ``state_v_first`` (cp_correct's
-    m_rows, transpose_m): no copy.
+    reads both through the plan's bwd_slot_msrc32, M transposed unless ``state_v_first`` (cp_correct's
+    msrc, transpose_m): no copy.
     """
 
     M: torch.Tensor | tuple

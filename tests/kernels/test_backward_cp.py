@@ -376,11 +376,13 @@ def test_bwd_m_rows_point_at_the_forward_chain_rows(cu, L):
         assert rows[r] == (j - p1_lo if middle else p1_hi - p1_lo), (r, j)
     assert plan.bwd_needs_m.tolist() == [x != p1_hi - p1_lo for x in rows[:-1]]
     assert torch.equal(plan.bwd_slot_src32, plan.bwd_slot_src.to(torch.int32))
+    assert plan.bwd_slot_msrc32.dtype == torch.int32
+    assert plan.bwd_slot_msrc32.tolist() == [[rows[j] for j in step] for step in plan.bwd_slot_src.tolist()]
 
 
 @pytest.mark.parametrize("state_v_first", [False, True], ids=["kv", "vk"])
-def test_chain_reads_the_forward_transitions_through_m_rows(state_v_first):
-    """The correction chain (its float64 twin) on the forward's stored transitions through m_rows, read
+def test_chain_reads_the_forward_transitions_through_msrc(state_v_first):
+    """The correction chain (its float64 twin) on the forward's stored transitions through msrc (m_rows[src]), read
     transposed (transpose_m = not state_v_first), equals the chain on the explicitly gathered M^T with
     the flags masked by the rows that enter (what PieceTransitions.adjoint built before); the (hi, lo)
     pair form is read as hi + lo."""
@@ -401,10 +403,11 @@ def test_chain_reads_the_forward_transitions_through_m_rows(state_v_first):
     Mt = M[r] if state_v_first else M[r].transpose(-1, -2)
     want = twin_cp_correct(init, L, Mt.contiguous(), flag[r], src, torch.empty(n_out, 1, H, K, K, dtype=torch.float64),
                            "cpu")
-    got = twin_cp_correct(init, L, M, flag, src, torch.empty_like(want), "cpu", m_rows=m_rows,
+    msrc = m_rows[src.long()]
+    got = twin_cp_correct(init, L, M, flag, src, torch.empty_like(want), "cpu", msrc=msrc,
                           transpose_m=not state_v_first)
     assert torch.equal(got, want)
     hi = M.float().to(torch.float64)
-    pair = twin_cp_correct(init, L, (hi, M - hi), flag, src, torch.empty_like(want), "cpu", m_rows=m_rows,
+    pair = twin_cp_correct(init, L, (hi, M - hi), flag, src, torch.empty_like(want), "cpu", msrc=msrc,
                            transpose_m=not state_v_first)
     assert torch.allclose(pair, want, rtol=1e-12, atol=1e-12)

@@ -202,7 +202,7 @@ def test_cp_correct_chain_matches_the_twin(n_long, H, form):
     """common/cp_correct (one launch, bf16 hi/lo products) against its float64 twin: a 31-step chain
     with transitions of spectral norm ~1 (the worst case for accumulated rounding), heads and steps
     with flag 0 whose M rows hold NaN (never read), a zero row; error of every slot <= 2e-4 (one bf16
-    product per step would give ~1e-2 here). "rows-transposed": M read through m_rows (a permutation into
+    product per step would give ~1e-2 here). "rows-transposed": M read through msrc (perm[src], perm a permutation into
     a table with one row more) and transposed, as the backward's chain reads the forward's transitions, with
     M passed split (split_m)."""
     from qlabench.kernels.common.cp_correct import cp_correct
@@ -238,9 +238,9 @@ def test_cp_correct_chain_matches_the_twin(n_long, H, form):
         flag2 = torch.zeros(n_src + 1, H, dtype=torch.int32)
         flag2[perm.long()] = flag
         want = twin_cp_correct(init, L, M2, flag2, src, torch.empty(n_out, n_long, H, K, V, dtype=torch.float64),
-                               "cpu", m_rows=perm, transpose_m=True)
+                               "cpu", msrc=perm[src.long()], transpose_m=True)
         cp_correct(*(x.to(dev) for x in (init, L)), split_m(M2.contiguous().to(dev), arch.name), flag2.to(dev),
-                   src.to(dev), got, arch.name, m_rows=perm.to(dev), transpose_m=True)
+                   src.to(dev), got, arch.name, msrc=perm[src.long()].to(dev), transpose_m=True)
     got = got.cpu().double()
     assert torch.isfinite(got).all()
     err = [rel_l2(got[s], want[s]) for s in range(n_out)]

@@ -4,14 +4,16 @@ terminal gradients), instead of one batched matmul launch per piece position.
 Formula. For every long sequence l, v-head h and piece position s = 0 .. n_out - 2 (a serial chain):
 
     X[0]     = init[l, h]
-    X[s + 1] = L[j, h] + flag[m, h] * (M[m, h] X[s]),     j = src[s, l],  m = m_rows[j] (or j)
+    X[s + 1] = L[j, h] + flag[m, h] * (M[m, h] X[s]),     j = src[s, l],  m = msrc[s, l]
 
 X, L are K x V fp32 states in the kernels' [K, V] layout, M is K x K fp32. Forward (forward_cp.py (c)):
 X = the piece initial states, L = S_loc, M = the piece transitions; backward (backward_cp.py (d)):
 X = the piece terminal gradients, L = dS_loc, M = the transposed transitions (bwd_dh from terminal I
 stores M^T), or the forward's M itself read transposed (``transpose_m``: the products take M's shared tile
-as a transposed operand) through ``m_rows``, the row of M and flag of each row of L (the forward's chain
-covers other pieces than the backward's): no transposing copy, no gather of M. ``flag`` = 0 where the
+as a transposed operand) through ``msrc``, the row of M and flag of each step (the forward's chain
+covers other pieces than the backward's; msrc = src when M and L share rows): no transposing copy, no
+gather of M. msrc is a table of its own, not an index into src's rows (m_rows[src[s, l]]): TileLang took
+230 s instead of 17 s to compile the kernel with that nested indirection in the TMA addresses. ``flag`` = 0 where the
 transition was dropped by the warm-up truncation (or is not needed): X[s + 1] = L then, and M[m, h] is
 never read (it may hold anything). Row j of L for a chain slot with no piece is a zero row of the caller's
 table (flag 0).
@@ -60,27 +62,25 @@ def cp_correct_kernel(H: int, K: int, V: int, BV: int, arch: str, transpose_m: b
     n_steps = T.dynamic("n_steps")
     n_src = T.dynamic("n_src")
     n_m = T.dynamic("n_m")
-    n_mr = T.dynamic("n_mr")
     n_long = T.dynamic("n_long")
 
     @T.macro
-    def fetch(st: int, s, l, h, v0, L, M_hi, M_lo, src, m_rows, has_rows, Mh_s, Ml_s, L_s, full):
+    def fetch(st: int, s, l, h, v0, L, M_hi, M_lo, src, msrc, Mh_s, Ml_s, L_s, full):
         """Stage st <- step s's M_hi, M_lo rows and L tile (TMA on full[st]); nothing past the chain."""
         if s < n_out - 1:
             j = src[s, l]
-            m = T.if_then_else(has_rows != 0, m_rows[T.min(j, n_mr - 1)], j)
+            m = msrc[s, l]
             T.tma_copy(M_hi[m, h, :, :], Mh_s, barrier=full[st])
             T.tma_copy(M_lo[m, h, :, :], Ml_s, barrier=full[st])
             T.tma_copy(L[j, h, :, v0:v0 + BV], L_s, barrier=full[st])
             T.mbarrier_arrive(full[st])
 
     @T.macro
-    def step(st: int, s, l, h, v0, L, M_hi, M_lo, flag, src, m_rows, has_rows, out, Mh_s, Ml_s, L_s, Xt_hi, Xt_lo,
+    def step(st: int, s, l, h, v0, L, M_hi, M_lo, flag, src, msrc, out, Mh_s, Ml_s, L_s, Xt_hi, Xt_lo,
              X_f, P_f, full):
         """X <- L[j] + flag[m] M[m] X for step s (stage st), stored as out[s + 1]; then stage st <- step s + S."""
         if s < n_out - 1:
-            j = src[s, l]
-            m = T.if_then_else(has_rows != 0, m_rows[T.min(j, n_mr - 1)], j)
+            m = msrc[s, l]
             T.mbarrier_wait_parity(full[st], (s // S) & 1)
             if flag[m, h] != 0:
                 for i, c in T.Parallel(K, BV):
@@ -98,7 +98,7 @@ def cp_correct_kernel(H: int, K: int, V: int, BV: int, arch: str, transpose_m: b
             for i, c in T.Parallel(K, BV):
                 out[s + 1, l, h, i, v0 + c] = X_f[i, c]
             T.sync_threads()  # every read of stage st done before it is refilled
-            fetch(st, s + S, l, h, v0, L, M_hi, M_lo, src, m_rows, has_rows, Mh_s, Ml_s, L_s, full)
+            fetch(st, s + S, l, h, v0, L, M_hi, M_lo, src, msrc, Mh_s, Ml_s, L_s, full)
 
     @T.prim_func
     def cp_correct(
@@ -108,9 +108,8 @@ def cp_correct_kernel(H: int, K: int, V: int, BV: int, arch: str, transpose_m: b
         M_lo: T.Tensor((n_m, H, K, K), "bfloat16"),
         flag: T.Tensor((n_m, H), "int32"),
         src: T.Tensor((n_steps, n_long), "int32"),
-        m_rows: T.Tensor((n_mr,), "int32"),
+        msrc: T.Tensor((n_steps, n_long), "int32"),
         out: T.Tensor((n_out, n_long, H, K, V), "float32"),
-        has_rows: T.int32,
     ):
         with T.Kernel(NV, n_long * H, threads=THREADS) as (iv, lh):
             Mh0 = T.alloc_shared((K, K), "bfloat16")
@@ -130,17 +129,17 @@ def cp_correct_kernel(H: int, K: int, V: int, BV: int, arch: str, transpose_m: b
             l = lh // H
             h = lh % H
             v0 = iv * BV
-            fetch(0, 0, l, h, v0, L, M_hi, M_lo, src, m_rows, has_rows, Mh0, Ml0, L0, full)
+            fetch(0, 0, l, h, v0, L, M_hi, M_lo, src, msrc, Mh0, Ml0, L0, full)
             if S == 2:
-                fetch(1, 1, l, h, v0, L, M_hi, M_lo, src, m_rows, has_rows, Mh1, Ml1, L1, full)
+                fetch(1, 1, l, h, v0, L, M_hi, M_lo, src, msrc, Mh1, Ml1, L1, full)
             for i, c in T.Parallel(K, BV):
                 X_f[i, c] = init[l, h, i, v0 + c]
             for i, c in T.Parallel(K, BV):
                 out[0, l, h, i, v0 + c] = X_f[i, c]
             for p in T.serial(T.ceildiv(n_out - 1, 2)):
-                step(0, 2 * p, l, h, v0, L, M_hi, M_lo, flag, src, m_rows, has_rows, out, Mh0, Ml0, L0, Xt_hi,
+                step(0, 2 * p, l, h, v0, L, M_hi, M_lo, flag, src, msrc, out, Mh0, Ml0, L0, Xt_hi,
                      Xt_lo, X_f, P_f, full)
-                step(S - 1, 2 * p + 1, l, h, v0, L, M_hi, M_lo, flag, src, m_rows, has_rows, out, Mh1, Ml1, L1,
+                step(S - 1, 2 * p + 1, l, h, v0, L, M_hi, M_lo, flag, src, msrc, out, Mh1, Ml1, L1,
                      Xt_hi, Xt_lo, X_f, P_f, full)
 
     return compile_for(cp_correct, arch)
@@ -181,29 +180,28 @@ def split_m(M: torch.Tensor, arch: str) -> tuple[torch.Tensor, torch.Tensor]:
     return M_hi, M_lo
 
 
-def cp_correct(init, L, M, flag, src, out, arch: str, *, m_rows=None, transpose_m: bool = False):
+def cp_correct(init, L, M, flag, src, out, arch: str, *, msrc=None, transpose_m: bool = False):
     """Launches the chain (module docstring) on the device; ``out[0]`` = ``init``.
 
     Args: init `[n_long, H, K, V]`, L `[n_src, H, K, V]` fp32; M `[n_m, H, K, K]` fp32, or its (M_hi, M_lo)
     from `split_m` (contiguous, [K, V] layout); flag `[n_m, H]` int32; src `[n_out - 1, n_long]` int32 row
-    indices into L; m_rows `[n_src]` int32, the row of M and flag of each row of L (None: the same row, n_m =
-    n_src); transpose_m: the chain multiplies by M^T; out `[n_out, n_long, H, K, V]` fp32, written.
+    indices into L; msrc (src's shape, int32) the row of M and flag of each step (None: src, n_m = n_src);
+    transpose_m: the chain multiplies by M^T; out `[n_out, n_long, H, K, V]` fp32, written.
     """
     _, H, K, V = init.shape
     pair = isinstance(M, tuple)
-    for name, x in (("init", init), ("L", L), ("flag", flag), ("src", src), ("out", out)) + (
+    msrc = src if msrc is None else msrc
+    for name, x in (("init", init), ("L", L), ("flag", flag), ("src", src), ("msrc", msrc), ("out", out)) + (
             (("M_hi", M[0]), ("M_lo", M[1])) if pair else (("M", M),)):
         if not x.is_contiguous():
             raise ValueError(f"cp_correct: {name} must be contiguous, got strides {x.stride()}")
-    if m_rows is not None and (m_rows.dtype != torch.int32 or tuple(m_rows.shape) != (L.shape[0],)):
-        raise ValueError(f"cp_correct: m_rows must be int32 of shape ({L.shape[0]},), got {m_rows.dtype} "
-                         f"{tuple(m_rows.shape)}")
+    if msrc.dtype != torch.int32 or msrc.shape != src.shape:
+        raise ValueError(f"cp_correct: msrc must be int32 of src's shape {tuple(src.shape)}, got {msrc.dtype} "
+                         f"{tuple(msrc.shape)}")
     if out.shape[0] == 1:  # no step: the chain is its start
         out[0].copy_(init)
         return out
     bv = BV_CORRECT if V % BV_CORRECT == 0 else V
     M_hi, M_lo = M if pair else split_m(M, arch)
-    rows = m_rows if m_rows is not None else torch.empty(1, dtype=torch.int32, device=init.device)  # never read
-    cp_correct_kernel(H, K, V, bv, arch, bool(transpose_m))(init, L, M_hi, M_lo, flag, src, rows, out,
-                                                            int(m_rows is not None))
+    cp_correct_kernel(H, K, V, bv, arch, bool(transpose_m))(init, L, M_hi, M_lo, flag, src, msrc, out)
     return out
