@@ -53,13 +53,14 @@ def cp_mode(options: KernelOptions | None = None) -> str:
 # cp.py's Be * H) and a sequence of at least that many tokens. A forward whose inputs require grad takes
 # the training entries (its backward reuses the pieces), an inference forward the forward-only ones.
 CP_RULE_FORWARD = ((8, 16384), (12, 24576), (16, 28672))
-# The training entries were refitted in session 16 (results/h200/2026-12-02_s16/cp-ab.json: h200-bwd's 40 cases,
-# cp=on against cp=off + bwd_cp=off in one call, forward + backward time on / off): CP won at <= 6 effective
-# chains from 4096 tokens (0.40-0.86), <= 10 from 6144 (0.59-0.91), <= 16 from 8192 (0.70-0.99; the backward
-# alone 0.75-0.92) and 20.5 chains of a 25556-token sequence (0.91-0.92); it lost at 10.6 chains of 3157
-# tokens (1.28), 11.4 of 5809 (1.08), 18.6 of 7053 (1.05) and at 32+ chains (1.04-1.41, hk16_hv32 1x32768
-# 1.08); 19.1 chains of 13725 tokens broke even (1.00).
-CP_RULE_TRAINING = ((6, 4096), (10, 6144), (16, 8192), (24, 16384))
+# The training entries were refitted in session 25 on the kernels of 09b0d35 (results/h200/2026-12-04_s25/cp-ab.json:
+# h200-bwd's 40 cases, cp=on against cp=off + bwd_cp=off in one call, forward + backward time on / off; session 16's
+# fit, results/h200/2026-12-02_s16/cp-ab.json, predates the cheaper CP glue of sessions 22-23): CP won at <= 10.3
+# effective chains from 5809 tokens (0.33-0.74), 11.4 chains of 5809 (0.89), 13.3 of 9932 (0.76), 16 from 8192
+# (0.71-0.86), 18.6 of 7053 (0.92-0.93), 19.1 of 13725 (0.89), 20.5 of 25556 (0.83-0.84) and 26.6 of 9932 (0.92);
+# it lost at 10.6 chains of 3157 tokens (1.01), 21.1 of 3157 (1.26), 22.9 of 5809 (1.09) and at 32+ chains
+# (1.03-1.34). Every measured case falls on its winning side.
+CP_RULE_TRAINING = ((6, 4096), (12, 5120), (20, 6144), (28, 9216))
 
 
 def _cp_rule_admits(chains: float, longest: int, for_backward: bool) -> bool:

@@ -72,19 +72,23 @@ def test_auto_by_default_follows_the_measured_rule(stubs, monkeypatch):
 
 def test_auto_with_a_backward_takes_the_training_entries(stubs, monkeypatch):
     """A forward whose backward follows (for_backward) takes CP earlier: the backward's gain outweighs the
-    forward's loss (<= 6 chains from 4096 tokens, <= 10 from 6144, <= 16 from 8192, <= 24 from 16384;
-    refitted on the H200 in session 16)."""
+    forward's loss (<= 6 chains from 4096 tokens, <= 12 from 5120, <= 20 from 6144, <= 28 from 9216;
+    refitted on the H200 in session 25)."""
     monkeypatch.delenv("QLABENCH_CP", raising=False)
     assert _call(8192, 8, for_backward=True) == "cp"
     assert _call(8192, 16, for_backward=True) == "cp"  # 16 chains from 8192 tokens
     assert _call(8192, 4, cu=[0, 7053, 8192], for_backward=True) == "cp"  # 4.6 effective chains of 7053
     assert _call(8192, 8, cu=[0, 7053, 8192], for_backward=True) == "cp"  # 9.3 of 7053
-    assert _call(8192, 12, cu=[0, 7053, 8192], for_backward=True) == "plain"  # 14 of 7053 need 8192
-    assert _call(4096, 8, for_backward=True) == "plain"  # 8 chains of 4096 need 6144
+    assert _call(8192, 12, cu=[0, 7053, 8192], for_backward=True) == "cp"  # 14 of 7053
+    assert _call(8192, 24, cu=[0, 7053, 8192], for_backward=True) == "plain"  # 27.9 of 7053 need 9216
+    assert _call(4096, 8, for_backward=True) == "plain"  # 8 chains of 4096 need 5120
+    assert _call(6144, 20, for_backward=True) == "cp"  # 20 chains from 6144
     assert _call(4096, 4, for_backward=True) == "cp"  # 4 chains from 4096
-    assert _call(12288, 24, for_backward=True) == "plain"  # 24 chains need 16384
+    assert _call(12288, 24, for_backward=True) == "cp"  # 24 chains from 9216
+    assert _call(8192, 24, for_backward=True) == "plain"  # 24 chains need 9216
     assert _call(16384, 24, for_backward=True) == "cp"
-    assert _call(16384, 16, cu=[0, 12288, 16384], for_backward=True) == "plain"  # 21.3 chains of 12288 tokens
+    assert _call(16384, 16, cu=[0, 12288, 16384], for_backward=True) == "cp"  # 21.3 chains of 12288 tokens
+    assert _call(16384, 28, for_backward=True) == "cp"  # 28 chains
     assert _call(32768, 16, cu=[0, 7168, 32768], for_backward=True) == "cp"  # 20.5 effective chains of 25600
     assert _call(32768, 32, for_backward=True) == "plain"  # 32 chains: CP lost (hk16_hv32 1x32768 1.08x)
     assert _call(16384, 32, cu=[0, 12288, 16384], for_backward=True) == "plain"  # 42.7 effective chains
