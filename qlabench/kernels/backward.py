@@ -31,9 +31,12 @@ memset of the tail rows). The math of each kernel, step for step, is in ``emulat
 
 V tile BV of bwd_h and bwd_dh (`_value_tile`): their N * H_v (sequence, v-head) pairs each walk all
 of the sequence's chunks in order, so with few pairs the grid leaves most SMs idle; BV = 32 doubles
-the blocks at a cheaper chunk step, taken where the grid's predicted makespan says it finishes first
-(value_tile.py), BV = 64 otherwise. sm100's tcgen05 versions take BV = 64 only. Both tiles compute
+the blocks at a cheaper chunk step, taken where the two grids' predicted makespan (side by side, as they
+run) says it finishes first (value_tile.py), BV = 64 otherwise. sm100's tcgen05 versions take BV = 64 only. Both tiles compute
 the same values (every term is per V column).
+
+bwd_h and bwd_dh read none of each other's outputs: bwd_dh runs on a second, high-priority stream beside
+bwd_h (`streams.Beside`), so the blocks of one fill the SMs the other's longest chains leave idle.
 
 Kernels keep every state in the `[K, V]` layout; for ``state_v_first`` the host transposes the
 per-sequence h0 / dht / dh0 (small), so one compiled kernel set serves both layouts. Nothing here
@@ -46,6 +49,7 @@ import torch
 
 from .common.chunks import chunk_table, f32_buffers
 from .dispatch import arch_by_name, arch_for_device, env_choice, has_kernel, kernel_factory, require_backward
+from .streams import Beside
 from .validate import validate
 
 __all__ = ["chunk_gated_delta_rule_bwd", "compile_backward_kernels"]
@@ -383,9 +387,11 @@ def _bwd_impl(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens,
     Pg, Ag = mask_buffers(masks, BT, H, C, dtype, dev)
     fac = _alloc((ncmax, H, 3, C), f32, dev)
     kernels["bwd_prepare"](q2, k2, g2, b2, A2, bounds, Pg, Ag, fac, p.scale)
-    kernels["bwd_h"](k2, v2, A2, fac, cu, offsets, h0, h)
     no_skip = torch.empty(1, p.h_v, dtype=torch.int32, device=q.device)  # has_skip = 0: never read
-    kernels["bwd_dh"](q2, k2, do2, Pg, Ag, fac, cu, offsets, no_skip, dht2, dh, dvp, dv, dh0, p.scale, 0)
+    with Beside(dev) as beside:  # the two recurrences side by side (streams.py)
+        with beside.side():
+            kernels["bwd_dh"](q2, k2, do2, Pg, Ag, fac, cu, offsets, no_skip, dht2, dh, dvp, dv, dh0, p.scale, 0)
+        kernels["bwd_h"](k2, v2, A2, fac, cu, offsets, h0, h)
     del Pg, Ag, fac
 
     dq_v, dk_v, dbeta, dg = chunk_grads(kernels, p, q2, k2, v2, do2, dvp, dv, g2, b2, A2, h, dh, bounds, C)

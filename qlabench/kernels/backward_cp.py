@@ -42,7 +42,9 @@ Launches:
       bwd_prepare's Ag / Pg are kkt_solve's Ag / Pm) when not given: 0 or 1-2 recurrence launches
       plus the forward's chain, with the forward's warm-up truncation (and its bound).
   (c) bwd_h over all pieces from S_in (all pieces in parallel): h at every chunk start. bwd_h and
-      bwd_dh use one V tile, `backward._value_tile` of the P * H_v (piece, v-head) pairs.
+      bwd_dh use one V tile, `backward._value_tile` of the P * H_v (piece, v-head) pairs. bwd_h runs on
+      the caller's stream beside (d) and (e), which read nothing it writes and run on a second stream
+      (`streams.Beside`), joined before (f).
   (d) local reverse pass: bwd_dh over the piece range ``plan.bwd_pass`` (every piece that is not
       first in its sequence; first pieces in between skip all their chunks) from terminal gradient 0,
       or its sequence's dht for a last piece -> dS_loc (bwd_dh's dh0 output). A middle piece runs
@@ -110,6 +112,7 @@ from .forward_cp import (
     piece_initial_states,
     slots_ahead_of,
 )
+from .streams import Beside
 
 __all__ = ["BackwardCPKernels", "chunk_gated_delta_rule_bwd_cp"]
 
@@ -291,9 +294,41 @@ def _bwd_cp(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, s
         # for the discarded outputs (the final reverse pass overwrites it).
         S_in, transitions = piece_initial_states(p, plan, False, q2, k2, v2, g2, Ag, Pg, user_h0,
                                                  decay_threshold, transition, kernels.fwd, arch, sms, dvp)
-    # (c) states at every chunk start, all pieces in parallel.
-    bwd["bwd_h"](k2, v2, A2, fac, plan.cu_pieces, plan.chunk_offsets, S_in, h)
+    # (c) states at every chunk start, all pieces in parallel, on the caller's stream beside (d) and (e), which
+    # run on a second stream (streams.Beside: they read nothing bwd_h writes; joined before (f)).
+    dh0_pieces = torch.empty(P, H, K, V, dtype=f32, device=dev)
+    with Beside(dev) as beside:
+        with beside.side():
+            _reverse_passes(p, q2, k2, do2, Pg, Ag, fac, g2, bounds, plan, decay_threshold, transition,
+                            transitions, kernels, arch, user_dht, dh, dvp, dv, dh0_pieces)
+        bwd["bwd_h"](k2, v2, A2, fac, plan.cu_pieces, plan.chunk_offsets, S_in, h)
+    del Pg, Ag, fac
 
+    # (f) per-chunk gradients over the original chunks (as backward.py).
+    dq_v, dk_v, dbeta, dg = chunk_grads(bwd, p, q2, k2, v2, do2, dvp, dv, g2, b2, A2, h, dh, bounds, C)
+    del h, dh, dvp
+    if cu_seqlens is not None:
+        _zero_padding_tail(table, BT, (dq_v, dk_v, dv, dbeta, dg))
+    dq = dq_v.to(dtype).reshape(p.B, p.T, p.h_qk, K)
+    dk = dk_v.to(dtype).reshape(p.B, p.T, p.h_qk, K)
+    dv = dv.reshape(p.B, p.T, H, V)
+    dbeta = dbeta.to(beta.dtype).reshape(p.B, p.T, H)
+    dg = dg.reshape(p.B, p.T, H)
+    if initial_state is None:
+        return dq, dk, dv, dbeta, dg, None
+    dh0 = dh0_pieces[plan.first_piece]
+    dh0 = (dh0.transpose(-1, -2) if state_v_first else dh0).to(initial_state.dtype).contiguous()
+    return dq, dk, dv, dbeta, dg, dh0
+
+
+def _reverse_passes(p, q2, k2, do2, Pg, Ag, fac, g2, bounds, plan, decay_threshold, transition, transitions,
+                    kernels: BackwardCPKernels, arch, user_dht, dh, dvp, dv, dh0_pieces) -> None:
+    """(d) and (e): the terminal gradient of every piece, then the final reverse pass over all pieces into dh,
+    dvp, dv and dh0_pieces."""
+    dev = q2.device
+    H, K, V = p.h_v, p.K, p.V
+    f32 = f32_buffers(q2.dtype)
+    bwd = kernels.bwd
     # (d) local reverse pass, transition pass and chain -> the terminal gradient of every piece.
     if plan.bwd_pass is not None:
         lo, hi = plan.bwd_pass
@@ -354,24 +389,6 @@ def _bwd_cp(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, s
     dht_pieces = dht_all[plan.dht_src].contiguous()
 
     # (e) final reverse pass over all pieces.
-    dh0_pieces = torch.empty(P, H, K, V, dtype=f32, device=dev)
     no_skip = torch.empty(1, H, dtype=torch.int32, device=dev)  # has_skip = 0: never read
     bwd["bwd_dh"](q2, k2, do2, Pg, Ag, fac, plan.cu_pieces, plan.chunk_offsets, no_skip, dht_pieces, dh, dvp,
                   dv, dh0_pieces, p.scale, 0)
-    del Pg, Ag, fac
-
-    # (f) per-chunk gradients over the original chunks (as backward.py).
-    dq_v, dk_v, dbeta, dg = chunk_grads(bwd, p, q2, k2, v2, do2, dvp, dv, g2, b2, A2, h, dh, bounds, C)
-    del h, dh, dvp
-    if cu_seqlens is not None:
-        _zero_padding_tail(table, BT, (dq_v, dk_v, dv, dbeta, dg))
-    dq = dq_v.to(dtype).reshape(p.B, p.T, p.h_qk, K)
-    dk = dk_v.to(dtype).reshape(p.B, p.T, p.h_qk, K)
-    dv = dv.reshape(p.B, p.T, H, V)
-    dbeta = dbeta.to(beta.dtype).reshape(p.B, p.T, H)
-    dg = dg.reshape(p.B, p.T, H)
-    if initial_state is None:
-        return dq, dk, dv, dbeta, dg, None
-    dh0 = dh0_pieces[plan.first_piece]
-    dh0 = (dh0.transpose(-1, -2) if state_v_first else dh0).to(initial_state.dtype).contiguous()
-    return dq, dk, dv, dbeta, dg, dh0

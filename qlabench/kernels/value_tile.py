@@ -17,6 +17,8 @@ and takes the tile with the smaller makespan (32 on a tie). With equal chains th
 count: BV 32 while its grid fits one wave, 64 from one to two waves. A grid of more than
 ``SIMULATED_WAVES`` waves at BV 32 is throughput-bound and takes 64 without simulating: per state
 column BV 64 is the cheaper step (1.77 / 2 < 1.17 forward, 4.68 / 2 < 3.36 backward).
+The backward's two recurrences (bwd_h, bwd_dh) run side by side on two streams (streams.py): their blocks
+are simulated as one list, bwd_dh's first (its stream is served first).
 
 The step times are H200 measurements (results/h200/NOTES.md: kernel time / chunks of a one-wave grid,
 1x32768; backward sessions 7-9; forward session 14 at f5b2dff, chunk_fwd_wy 907 us / 512 chunks at
@@ -36,7 +38,8 @@ from collections.abc import Sequence
 # Since it forms Pm itself the step is ~3.22 (825 / 256) and kkt_solve runs without Pm (614 -> 484 us there,
 # ~0.5 us per step of that grid): the model's 3.08 sits between the two effects, which it does not model.
 FORWARD_STEP_US = {32: 1.17, 64: 1.77, 128: 3.08}
-BACKWARD_STEP_US = {32: 1.70 + 1.66, 64: 1.94 + 2.74}  # bwd_h_ws + bwd_dh_ws (one tile serves both)
+# bwd_dh_ws, bwd_h_ws (one tile serves both): they run side by side (streams.py), bwd_dh_ws's blocks served first
+BACKWARD_STEP_US = {32: (1.66, 1.70), 64: (2.74, 1.94)}
 SIMULATED_WAVES = 16
 
 
@@ -49,16 +52,19 @@ def chain_chunks(bounds: Sequence[tuple[int, ...]] | None, n_chains: int, chunk_
     return tuple(-(-(b[1] - b[0]) // chunk_size) for b in bounds)
 
 
-def makespan(chunks: Sequence[int], h_v: int, n_tiles: int, sm_count: int) -> int:
-    """Chunk steps until the last block ends when the grid's blocks (``n_tiles`` per (chain, v-head),
-    in grid order) are list-scheduled onto ``sm_count`` SMs, one block each."""
+def makespan(chunks: Sequence[int], h_v: int, n_tiles: int, sm_count: int, steps: Sequence[float] = (1,)) -> float:
+    """Time until the last block ends when the grid's blocks (``n_tiles`` per (chain, v-head), in grid
+    order) are list-scheduled onto ``sm_count`` SMs, one block each; ``steps``: the chunk step of each
+    kernel whose grid runs side by side with the others, in the order their blocks are served (the
+    default: one kernel, the makespan in chunk steps)."""
     free = [0] * sm_count  # when each SM frees up
     end = 0
-    for n in chunks:
-        for _ in range(h_v * n_tiles):
-            t = heapq.heappop(free) + n
-            end = max(end, t)
-            heapq.heappush(free, t)
+    for step in steps:
+        for n in chunks:
+            for _ in range(h_v * n_tiles):
+                t = heapq.heappop(free) + n * step
+                end = max(end, t)
+                heapq.heappush(free, t)
     return end
 
 
@@ -71,14 +77,15 @@ def _choose(chunks: tuple[int, ...], h_v: int, sm_count: int, steps: tuple[tuple
     narrow = min(tiles)
     if len(chunks) * h_v * (V // narrow) > SIMULATED_WAVES * sm_count:
         return max(tiles)
-    cost = {bv: makespan(chunks, h_v, V // bv, sm_count) * us for bv, us in steps}
+    cost = {bv: makespan(chunks, h_v, V // bv, sm_count, us if isinstance(us, tuple) else (us,)) for bv, us in steps}
     return min(tiles, key=lambda bv: (cost[bv], bv))
 
 
-def value_tile(chunks: Sequence[int], h_v: int, sm_count: int, step_us: dict[int, float],
+def value_tile(chunks: Sequence[int], h_v: int, sm_count: int, step_us: dict[int, float | tuple[float, ...]],
                V: int = 128) -> int:
     """The V tile (a key of ``step_us``) with the smallest predicted makespan for chains of ``chunks``
-    chunks each (one per sequence or piece, `chain_chunks`) over ``h_v`` v-heads on ``sm_count`` SMs."""
+    chunks each (one per sequence or piece, `chain_chunks`) over ``h_v`` v-heads on ``sm_count`` SMs.
+    A tuple of steps: kernels whose grids run side by side (`makespan`)."""
     if h_v < 1 or sm_count < 1:
         raise ValueError(f"h_v and sm_count must be positive, got {h_v}, {sm_count}")
     return _choose(tuple(int(n) for n in chunks), h_v, sm_count, tuple(sorted(step_us.items())), V)

@@ -259,7 +259,8 @@ def test_plan_off_is_the_plain_backward():
     calls = []
     _, plan = _check_exact(want, args, 4, enable=False, calls=calls)
     assert not plan.enabled
-    assert [(name, n) for name, n, _ in calls] == [("bwd_prepare", None), ("bwd_h", 1), ("bwd_dh", 1),
+    # bwd_dh is queued first (on the second stream, streams.Beside), bwd_h beside it
+    assert [(name, n) for name, n, _ in calls] == [("bwd_prepare", None), ("bwd_dh", 1), ("bwd_h", 1),
                                                    ("bwd_chunk", None)]
 
 

@@ -197,12 +197,13 @@ def test_value_tile_follows_the_grid():
     """bwd_h / bwd_dh take BV = 32 where the BV = 32 grid (4 blocks per (sequence, v-head) pair) is
     predicted to finish first (value_tile.py), on sm90; sm100's tcgen05 versions only take 64."""
     assert backward.value_tiles("sm90") == (32, 64) and backward.value_tiles("sm100") == (64,)
-    assert backward._value_tile([512], 16, 132, "sm90") == 32  # hk16_hv16 1x32768: 4 x 16 = 64 blocks
-    assert backward._value_tile([512], 33, 132, "sm90") == 32  # 132 blocks: one full wave
-    assert backward._value_tile([512], 34, 132, "sm90") == 64  # 136 blocks at BV 32 would need two waves
+    # the two recurrences run side by side (streams.py): BV 32 while both grids fit one wave together
+    assert backward._value_tile([512], 16, 132, "sm90") == 32  # hk16_hv16 1x32768: 2 x 4 x 16 = 128 blocks
+    assert backward._value_tile([512], 17, 132, "sm90") == 64  # 136 blocks at BV 32 would need two waves
+    assert backward._value_tile([512], 33, 132, "sm90") == 64  # 2 x 132 blocks at BV 32, 2 x 66 at BV 64
     assert backward._value_tile([512], 64, 132, "sm90") == 64  # hk16_hv64, one sequence
     assert backward._value_tile([512] * 4, 64, 132, "sm90") == 64
-    assert backward._value_tile([448, 64], 32, 132, "sm90") == 32  # 28672+4096: long blocks first
+    assert backward._value_tile([448, 64], 32, 132, "sm90") == 64  # 28672+4096: 1228 vs 1720 us predicted
     assert backward._value_tile([512], 16, 148, "sm100") == 64
     with pytest.raises(NotImplementedError, match="sm120"):
         backward.value_tiles("sm120")

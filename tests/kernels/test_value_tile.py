@@ -25,15 +25,23 @@ def test_makespan_is_the_list_schedule_in_grid_order():
     assert makespan([], 8, 4, 132) == 0
 
 
+def test_makespan_of_grids_side_by_side():
+    # bwd_dh's blocks are served first, bwd_h's take the SMs left and those freed
+    assert makespan([512], 16, 4, 132, (1.66, 1.70)) == pytest.approx(512 * 1.70)  # 128 blocks: one wave
+    assert makespan([10], 1, 1, 1, (2, 3)) == 50  # one SM: the two blocks one after another
+    assert makespan([8, 2], 1, 1, 2, (1, 1)) == 10  # bwd_h's long block starts when bwd_dh's short one ends
+    assert makespan([8, 2], 1, 1, 2, (1,)) == 8
+
+
 @pytest.mark.parametrize("chunks,h_v,want", [
-    ([512], 16, 32),  # hk16_hv16 1x32768: 64 blocks at BV 32
-    ([512], 33, 32),  # 132 blocks: one full wave
-    ([512], 34, 64),  # two waves at BV 32, one at 64
+    # bwd_h and bwd_dh side by side (streams.py): BV 32 where both grids fit one wave together
+    ([512], 16, 32),  # hk16_hv16 1x32768: 2 x 64 blocks at BV 32
+    ([512], 17, 64),  # 2 x 68 blocks at BV 32: two waves
+    ([512], 33, 64),  # 2 x 132 blocks at BV 32, 2 x 66 at BV 64: 1720 vs 1403 us predicted
     ([512], 64, 64),  # hk16_hv64 1x32768
-    ([448, 64], 32, 32),  # hk16_hv32 28672+4096: 778 vs 1066 us predicted
-    ([384, 128], 32, 32),  # 24576+8192: 512 x 1.52 vs 384 x 2.38
-    ([64, 448], 24, 32),  # short sequence first
-    ([256, 256], 48, 64),  # hk16_hv48 16384+16384 backward: 3 waves vs 2 at 1.39x the step
+    ([448, 64], 32, 64),  # hk16_hv32 28672+4096: 1228 vs 1720 us predicted
+    ([64, 64], 8, 32),  # 2 x 64 blocks at BV 32
+    ([256, 256], 48, 64),  # hk16_hv48 16384+16384
 ])
 def test_backward_tiles(chunks, h_v, want):
     assert value_tile(chunks, h_v, 132, BACKWARD_STEP_US) == want
