@@ -7,8 +7,8 @@ or a last partial wave); run side by side, the blocks of one fill the SMs the ot
 
 `Beside` queues the dh pass on a second stream of high priority (the block scheduler serves its pending
 blocks first, so the longer path is not held up behind the h recompute's blocks) that starts after
-everything queued so far on the caller's stream; the caller's stream runs bwd_h and then waits for the
-second stream (`join`) before anything reads dh. Tensors the second stream uses are allocated on the
+everything queued so far on the caller's stream; the caller's stream runs bwd_h and then, on leaving the
+`with` block, waits for the second stream before anything reads dh. Tensors the second stream uses are allocated on the
 caller's stream before the fork and freed only after the join, so the caching allocator never hands
 their memory to a launch that could overlap them. Works under CUDA-graph capture (the second stream
 forks from and joins the capturing stream). Off CUDA (the float64 twins) the work runs inline.
@@ -43,9 +43,10 @@ class Beside:
     """
 
     def __init__(self, device: torch.device):
-        self.main = torch.cuda.current_stream(device) if device.type == "cuda" else None
-        self.stream = _side_stream(device.index if device.index is not None else torch.cuda.current_device()) \
-            if self.main is not None else None
+        self.main = self.stream = None  # off CUDA: inline
+        if device.type == "cuda":
+            self.main = torch.cuda.current_stream(device)
+            self.stream = _side_stream(device.index if device.index is not None else torch.cuda.current_device())
 
     def __enter__(self) -> Beside:  # noqa: PYI034
         if self.stream is not None:
