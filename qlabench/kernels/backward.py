@@ -101,13 +101,15 @@ def value_tiles(arch: str) -> tuple[int, ...]:
     return _VALUE_TILES[a.name]
 
 
-def _value_tile(chunks, h_v: int, sm_count: int, arch: str) -> int:
+def _value_tile(chunks, h_v: int, sm_count: int, arch: str, longest_first: bool = False) -> int:
     """V tile of bwd_h / bwd_dh for chains of ``chunks`` chunks (one per sequence or piece) over
     ``h_v`` v-heads on ``arch``: the smaller predicted makespan (value_tile.py) among the tiles the
     arch's kernels take."""
     from .value_tile import BACKWARD_STEP_US, value_tile
 
     tiles = value_tiles(arch)
+    # ``longest_first``: the kernels dispatch the chains longest first (ChunkTable.seq_order), else in order
+    chunks = sorted(chunks, reverse=True) if longest_first else chunks
     return value_tile(chunks, h_v, sm_count, {bv: BACKWARD_STEP_US[bv] for bv in tiles})
 
 
@@ -290,7 +292,7 @@ def chunk_gated_delta_rule_bwd(q, k, v, g_cumsum, beta, A, do, dht=None, scale=N
 
     masks = check_masks(masks, p, q.dtype, q.device, arch.chunk_size)
     chunks = chain_chunks(p.seq_bounds, p.N, arch.chunk_size)
-    bv = _value_tile(chunks, p.h_v, _sm_count(q.device), arch.name)
+    bv = _value_tile(chunks, p.h_v, _sm_count(q.device), arch.name, longest_first=True)
     prepare, masks = _prepare_masks(arch.name, masks)
     kernels = _kernels(p.h_qk, p.h_v, _DTYPE_NAMES[q.dtype], arch.name, bv,
                        None if options is None else options.bwd_dh, prepare)
@@ -388,10 +390,12 @@ def _bwd_impl(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens,
     fac = _alloc((ncmax, H, 3, C), f32, dev)
     kernels["bwd_prepare"](q2, k2, g2, b2, A2, bounds, Pg, Ag, fac, p.scale)
     no_skip = torch.empty(1, p.h_v, dtype=torch.int32, device=q.device)  # has_skip = 0: never read
+    order = table.seq_order  # longest chains first
     with Beside(dev) as beside:  # the two recurrences side by side (streams.py)
         with beside.side():
-            kernels["bwd_dh"](q2, k2, do2, Pg, Ag, fac, cu, offsets, no_skip, dht2, dh, dvp, dv, dh0, p.scale, 0)
-        kernels["bwd_h"](k2, v2, A2, fac, cu, offsets, h0, h)
+            kernels["bwd_dh"](q2, k2, do2, Pg, Ag, fac, cu, offsets, order, no_skip, dht2, dh, dvp, dv, dh0, p.scale,
+                              0)
+        kernels["bwd_h"](k2, v2, A2, fac, cu, offsets, order, h0, h)
     del Pg, Ag, fac
 
     dq_v, dk_v, dbeta, dg = chunk_grads(kernels, p, q2, k2, v2, do2, dvp, dv, g2, b2, A2, h, dh, bounds, C)

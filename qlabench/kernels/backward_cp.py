@@ -301,7 +301,7 @@ def _bwd_cp(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, s
         with beside.side():
             _reverse_passes(p, q2, k2, do2, Pg, Ag, fac, g2, bounds, plan, decay_threshold, transition,
                             transitions, kernels, arch, user_dht, dh, dvp, dv, dh0_pieces)
-        bwd["bwd_h"](k2, v2, A2, fac, plan.cu_pieces, plan.chunk_offsets, S_in, h)
+        bwd["bwd_h"](k2, v2, A2, fac, plan.cu_pieces, plan.chunk_offsets, plan.piece_order, S_in, h)
     del Pg, Ag, fac
 
     # (f) per-chunk gradients over the original chunks (as backward.py).
@@ -336,7 +336,7 @@ def _reverse_passes(p, q2, k2, do2, Pg, Ag, fac, g2, bounds, plan, decay_thresho
         tok_lo, tok_hi = plan.pieces[lo][0], plan.pieces[hi - 1][1]
         views = [x[:tok_hi] for x in (q2, k2, do2, Pg, Ag)]
         scratch = (dh, dvp[:tok_hi], dv[:tok_hi])  # sm90's bwd_dh_ws leaves them (has_skip); the final pass (e) writes them
-        rng = (plan.bwd_pass_cu, plan.bwd_pass_chunk_offsets)
+        rng = (plan.bwd_pass_cu, plan.bwd_pass_chunk_offsets, plan.bwd_pass_order)
         zero = torch.zeros(1, H, K, V, dtype=f32, device=dev)
         dht_loc = torch.cat([user_dht, zero], 0)[plan.bwd_dht_src].contiguous()
         dS_loc = torch.empty(P2 + 1, H, K, V, dtype=f32, device=dev)  # + a zero row for the slots
@@ -390,5 +390,5 @@ def _reverse_passes(p, q2, k2, do2, Pg, Ag, fac, g2, bounds, plan, decay_thresho
 
     # (e) final reverse pass over all pieces.
     no_skip = torch.empty(1, H, dtype=torch.int32, device=dev)  # has_skip = 0: never read
-    bwd["bwd_dh"](q2, k2, do2, Pg, Ag, fac, plan.cu_pieces, plan.chunk_offsets, no_skip, dht_pieces, dh, dvp,
-                  dv, dh0_pieces, p.scale, 0)
+    bwd["bwd_dh"](q2, k2, do2, Pg, Ag, fac, plan.cu_pieces, plan.chunk_offsets, plan.piece_order, no_skip,
+                  dht_pieces, dh, dvp, dv, dh0_pieces, p.scale, 0)

@@ -166,6 +166,10 @@ class CPPlan:
             would be the sequence's first,
         dht_src `[P]` int64: row of each piece's terminal gradient in cat(slots
             `[(n_slots - 1) * n_long]`, per-sequence dht `[N]`).
+        piece_order `[P]` / bwd_pass_order `[p_hi - p_lo]` int32: the order the backward's chunk recurrences
+            dispatch the pieces (of the local reverse pass's range) in (common/bwd_h.sequence_block): token order.
+            Longest first measured slower here (session 25: hk4_hv8 32k_2seq 1.04x), where the plain
+            backward's sequences gain from it (`ChunkTable.seq_order`).
     """
 
     enabled: bool
@@ -198,6 +202,8 @@ class CPPlan:
     bwd_needs_m: torch.Tensor | None = None
     bwd_trunc: torch.Tensor | None = None
     bwd_skip_all: torch.Tensor | None = None
+    piece_order: torch.Tensor | None = None
+    bwd_pass_order: torch.Tensor | None = None
     bwd_fwd_last: torch.Tensor | None = None
     bwd_fwd_valid: torch.Tensor | None = None
     bwd_dht_src: torch.Tensor | None = None
@@ -324,6 +330,7 @@ def build_plan(cu: list[int], piece_chunks: int | None, chunk_size: int, device)
         Lf = max(max(-(-(pieces[j][1] - pieces[j][0]) // C) for j in range(lo, hi)), 1)
         bwd.update(
             bwd_pass_cu=up(cu_pieces[lo:hi + 1], i32), bwd_pass_chunk_offsets=up(offsets[lo:hi + 1], i32),
+            bwd_pass_order=up(list(range(hi - lo)), i32),
             bwd_piece_start=up([pieces[j][0] for j in range(lo, hi)], i64),
             bwd_piece_end=up([pieces[j][1] for j in range(lo, hi)], i64),
             bwd_needs_m=up([not is_first[j] and not is_last[j] for j in range(lo, hi)], torch.bool),
@@ -362,7 +369,8 @@ def build_plan(cu: list[int], piece_chunks: int | None, chunk_size: int, device)
         is_first=up(is_first, torch.bool), is_last=up(is_last, torch.bool), last_piece=up(last, i64),
         pass1_cu=pass1_cu, pass1_chunk_offsets=pass1_off, piece_start=piece_start, piece_end=piece_end,
         slot_src=slot_src, slot_seq=slot_seq, h0_src=up(h0_src, i64),
-        first_piece=up(first, i64), dht_src=up(dht_src, i64), **bwd, **warm,
+        first_piece=up(first, i64), dht_src=up(dht_src, i64),
+        piece_order=up(list(range(P)), i32), **bwd, **warm,
     )
 
 

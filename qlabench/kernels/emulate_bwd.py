@@ -334,12 +334,12 @@ def _factors(fac, ci):
     return f[:, 0], f[:, 1], f[:, 2], f[:, 0, -1]
 
 
-def twin_bwd_h_pipelined(k, v, A, fac, cu_seqlens, chunk_offsets, h0, h_out):
+def twin_bwd_h_pipelined(k, v, A, fac, cu_seqlens, chunk_offsets, seq_order, h0, h_out):
     C, H = A.shape[-1], v.shape[1]
     st = _Stager(h_out.dtype)
     kf, vf, Af = _expand_heads(k, H), v.to(F64), A.to(F64)
     cu, off = cu_seqlens.tolist(), chunk_offsets.tolist()
-    for n in range(len(cu) - 1):
+    for n in seq_order.tolist():  # the kernels' dispatch order (every sequence once)
         S = h0[n].to(F64)
         for c, t0 in enumerate(range(cu[n], cu[n + 1], C)):
             end = min(t0 + C, cu[n + 1])
@@ -349,8 +349,8 @@ def twin_bwd_h_pipelined(k, v, A, fac, cu_seqlens, chunk_offsets, h0, h_out):
             h_out[off[n] + c] = S_s.to(h_out.dtype)
 
 
-def twin_bwd_dh_pipelined(q, k, do, Pg, Ag, fac, cu_seqlens, chunk_offsets, chunk_skip, dht, dh_out, dvp_out,
-                          dv_out, dh0_out, scale, has_skip):
+def twin_bwd_dh_pipelined(q, k, do, Pg, Ag, fac, cu_seqlens, chunk_offsets, seq_order, chunk_skip, dht, dh_out,
+                          dvp_out, dv_out, dh0_out, scale, has_skip):
     """The reverse pass (bwd_dh_ws / bwd_dh_pipelined); with has_skip a (sequence, head) runs only its
     first m - chunk_skip[n, h] chunks, from dht at the end of the last of them (common/bwd_h.reverse_run);
     the rows of the chunks it skips are left as they were."""
@@ -358,7 +358,7 @@ def twin_bwd_dh_pipelined(q, k, do, Pg, Ag, fac, cu_seqlens, chunk_offsets, chun
     st = _Stager(dh_out.dtype)
     qf, kf, dof, Pgf, Agf = _expand_heads(q, H), _expand_heads(k, H), do.to(F64), Pg.to(F64), Ag.to(F64)
     cu, off = cu_seqlens.tolist(), chunk_offsets.tolist()
-    for n in range(len(cu) - 1):
+    for n in seq_order.tolist():  # the kernels' dispatch order (every sequence once)
         dS = dht[n].to(F64)
         starts = list(range(cu[n], cu[n + 1], C))
         skip = chunk_skip[n].clamp(min=0).tolist() if has_skip else [0] * H

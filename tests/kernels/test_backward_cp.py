@@ -220,7 +220,7 @@ def test_strong_decay_truncates_and_skips_the_transition_pass(states):
     # the local pass stops after each middle piece's first chunk (the decay crosses e^-10 there), runs a
     # last piece whole (it carries dht) and no chunk of a first piece (its result is unused)
     local = next(a for name, _, a in calls if name == "bwd_dh")
-    skip, has_skip = local[8], local[15]
+    skip, has_skip = local[9], local[16]
     m = plan.bwd_fwd_valid.sum(-1)[:, None]
     middle, first = plan.bwd_trunc == 1, plan.bwd_skip_all > 0
     assert has_skip == 1 and first.any() and middle.any()
@@ -228,7 +228,7 @@ def test_strong_decay_truncates_and_skips_the_transition_pass(states):
     assert torch.equal(skip[first], m.expand_as(skip)[first].to(skip.dtype))
     assert (skip[~middle & ~first] == 0).all()
     final_skip = [a for name, _, a in calls if name == "bwd_dh"][-1]
-    assert final_skip[15] == 0  # the final pass runs every chunk
+    assert final_skip[16] == 0  # the final pass runs every chunk
     # the forward recompute skips its transition pass too: local + output (forward) or local only (here)
     assert len([c for c in calls if c[0] == "fwd"]) == (1 if states == "recompute" else 0)
     calls = []
@@ -249,7 +249,7 @@ def test_mixed_heads_zero_gates_fall_back():
         calls = []
         _, plan = _check_exact(want, args, 4, threshold=-10.0, calls=calls, states=states)
         assert len([1 for name, _, _ in calls if name == "bwd_dh"]) == n_dh, states
-        skip = next(a for name, _, a in calls if name == "bwd_dh")[8]  # the local pass's chunk_skip
+        skip = next(a for name, _, a in calls if name == "bwd_dh")[9]  # the local pass's chunk_skip
         middle = plan.bwd_trunc == 1
         assert (skip[middle][:, 0] == 0).all() and (skip[middle][:, 1] > 0).all(), skip  # zero gate: whole
 
@@ -283,8 +283,8 @@ def _exact_dh(args):
     dh = torch.zeros(table.n_chunks_max, H, p.K, p.V, dtype=F64)
     scratch = [torch.zeros(BT, H, p.V, dtype=F64) for _ in range(2)]
     no_skip = torch.zeros(1, H, dtype=torch.int32)
-    KERNEL_TWINS["bwd_dh"](q2, k2, do2, Pg, Ag, fac, table.cu_seqlens, table.chunk_offsets, no_skip, dht, dh,
-                           *scratch, torch.zeros(p.N, H, p.K, p.V, dtype=F64), p.scale, 0)
+    KERNEL_TWINS["bwd_dh"](q2, k2, do2, Pg, Ag, fac, table.cu_seqlens, table.chunk_offsets, table.seq_order, no_skip,
+                           dht, dh, *scratch, torch.zeros(p.N, H, p.K, p.V, dtype=F64), p.scale, 0)
     return dh
 
 
@@ -302,7 +302,7 @@ def test_truncation_error_within_bound():
     chunk_seq = torch.repeat_interleave(torch.arange(2), torch.tensor([math.ceil(260 / 8), math.ceil(140 / 8)]))
     norms = torch.linalg.matrix_norm(dh[: off[-1]], ord=2)  # [NT, H]
     bound = torch.stack([norms[chunk_seq == n].amax(0) for n in range(2)]) * math.exp(threshold)  # [N, H]
-    dht_pieces = [a for name, _, a in calls if name == "bwd_dh"][-1][9]  # the final pass's terminal gradients
+    dht_pieces = [a for name, _, a in calls if name == "bwd_dh"][-1][10]  # the final pass's terminal gradients
     exact_end = dh[torch.tensor(off[1:]) - 1]  # gradient at each piece's end
     err = torch.linalg.matrix_norm(dht_pieces - exact_end, ord=2)  # [P, H]
     assert err.max() > 1e-6, "no truncation happened: the test does not test anything"

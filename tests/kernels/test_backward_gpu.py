@@ -191,8 +191,8 @@ def test_autograd_path():
 # Output argument positions of each kernel and how their rows are indexed ("tok" or "chunk").
 _KERNEL_OUTPUTS = {
     "bwd_prepare": {6: "tok", 7: "tok", 8: "chunk"},
-    "bwd_h": {7: "chunk"},
-    "bwd_dh": {10: "chunk", 11: "tok", 12: "tok", 13: "seq"},  # after chunk_skip (argument 8)
+    "bwd_h": {8: "chunk"},  # after seq_order (argument 6)
+    "bwd_dh": {11: "chunk", 12: "tok", 13: "tok", 14: "seq"},  # after chunk_skip (argument 9)
     "bwd_chunk": {12: "tok", 13: "tok", 14: "tok", 15: "tok"},
 }
 

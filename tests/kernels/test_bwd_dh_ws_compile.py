@@ -116,7 +116,7 @@ def test_shared_memory_budget():
 # GPU: bwd_dh_ws against bwd_dh_pipelined on the same inputs (passed on the H200 at 4fcc54e).
 
 # bwd_dh outputs: argument position -> rows ("chunk", "tok", "seq")
-_DH_OUTPUTS = {10: "dh", 11: "dvp", 12: "dv", 13: "dh0"}  # after chunk_skip (argument 8)
+_DH_OUTPUTS = {11: "dh", 12: "dvp", 13: "dv", 14: "dh0"}  # after chunk_skip (argument 9)
 TOL_WS = 2e-3
 
 
@@ -173,8 +173,8 @@ def test_bwd_dh_ws_matches_pipelined(case, bv, monkeypatch):
         a_loc = list(a_ws)
         for i in _DH_OUTPUTS:
             a_loc[i] = torch.full_like(args[i], float("nan"))
-        a_loc[8] = torch.zeros(args[13].shape[0], h_v, dtype=torch.int32, device="cuda")
-        a_loc[15] = 1
+        a_loc[9] = torch.zeros(args[14].shape[0], h_v, dtype=torch.int32, device="cuda")
+        a_loc[16] = 1
         ws(*a_loc)
         torch.cuda.synchronize()
         got["local"] = a_loc

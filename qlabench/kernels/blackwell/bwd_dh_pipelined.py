@@ -62,6 +62,7 @@ def bwd_dh_pipelined_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int
     NV = V // BV
     n_tok = T.dynamic("n_tok")
     n_cu = T.dynamic("n_cu")
+    n_ord = T.dynamic("n_ord")
     n_seq = T.dynamic("n_seq")
     n_hc = T.dynamic("n_hc")
     n_fc = T.dynamic("n_fc")
@@ -77,6 +78,7 @@ def bwd_dh_pipelined_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int
         fac: T.Tensor((n_fc, h_v, 3, C), "float32"),
         cu_seqlens: T.Tensor((n_cu,), "int32"),
         chunk_offsets: T.Tensor((n_cu,), "int32"),
+        seq_order: T.Tensor((n_ord,), "int32"),
         chunk_skip: T.Tensor((n_skip, h_v), "int32"),
         dht: T.Tensor((n_seq, h_v, K, V), "float32"),
         dh_out: T.Tensor((n_hc, h_v, K, V), dtype),
@@ -109,7 +111,7 @@ def bwd_dh_pipelined_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int
             PdO_f = T.alloc_fragment((C, BV), "float32")
             dW_f = T.alloc_fragment((C, BV), "float32")
 
-            n, h, hk, v0, bos, eos, cbase = sequence_block(cu_seqlens, chunk_offsets, iv, nh, h_v, group, BV)
+            n, h, hk, v0, bos, eos, cbase = sequence_block(cu_seqlens, chunk_offsets, seq_order, iv, nh, h_v, group, BV)
             n_chunks = reverse_run(bos, eos, C, chunk_skip, has_skip, n, h)
 
             T.copy(dht[n, h, :, v0:v0 + BV], dS_f)

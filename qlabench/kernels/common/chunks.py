@@ -50,6 +50,9 @@ class ChunkTable:
         chunk_offsets: `[N + 1]` int32, index of each sequence's first chunk (last entry = total).
         chunk_bounds: `[NCmax, 2]` int32 (start token, end token) of every chunk; unused rows 0, 0.
         n_chunks_max: the launch bound NCmax.
+        seq_order: `[N]` int32, the sequences longest first (ties in order): the chunk recurrences of the
+            backward dispatch their blocks in this order (common/bwd_h.sequence_block), so the longest
+            chains start first.
         tokens_end: host value of cu_seqlens[-1] (where the padding tail starts), or None when the
             table was built from device values only.
     """
@@ -58,6 +61,7 @@ class ChunkTable:
     chunk_offsets: torch.Tensor
     chunk_bounds: torch.Tensor
     n_chunks_max: int
+    seq_order: torch.Tensor | None = None
     tokens_end: int | None = None
 
 
@@ -78,7 +82,8 @@ def build_chunk_table(cu_seqlens: torch.Tensor, T: int, C: int) -> ChunkTable:
     start = torch.where(valid, start, 0)
     end = torch.where(valid, end, 0)
     bounds = torch.stack([start, end], 1).to(torch.int32).contiguous()
-    return ChunkTable(cu.to(torch.int32).contiguous(), offsets.to(torch.int32).contiguous(), bounds, ncmax)
+    order = torch.argsort(n_chunks, descending=True, stable=True).to(torch.int32).contiguous()
+    return ChunkTable(cu.to(torch.int32).contiguous(), offsets.to(torch.int32).contiguous(), bounds, ncmax, order)
 
 
 def chunk_table(cu_seqlens: torch.Tensor | None, seq_bounds, B: int, T: int, C: int, device) -> ChunkTable:

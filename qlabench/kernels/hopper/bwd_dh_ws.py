@@ -192,6 +192,7 @@ def _bwd_dh_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str,
     NV = V // BV
     n_tok = T.dynamic("n_tok")
     n_cu = T.dynamic("n_cu")
+    n_ord = T.dynamic("n_ord")
     n_seq = T.dynamic("n_seq")
     n_hc = T.dynamic("n_hc")
     n_fc = T.dynamic("n_fc")
@@ -313,6 +314,7 @@ def _bwd_dh_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str,
         fac: T.Tensor((n_fc, h_v, 3, C), "float32"),
         cu_seqlens: T.Tensor((n_cu,), "int32"),
         chunk_offsets: T.Tensor((n_cu,), "int32"),
+        seq_order: T.Tensor((n_ord,), "int32"),
         chunk_skip: T.Tensor((n_skip, h_v), "int32"),
         dht: T.Tensor((n_seq, h_v, K, V), "float32"),
         dh_out: T.Tensor((n_hc, h_v, K, V), dtype),
@@ -366,7 +368,7 @@ def _bwd_dh_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str,
             # dv's hand-off tiles are written by stmatrix and read row-wise: swizzled (the gemm operands
             # are swizzled by TileLang itself)
             T.annotate_layout(swizzled(W0, W1))
-            n, h, hk, v0, bos, eos, cbase = sequence_block(cu_seqlens, chunk_offsets, iv, nh, h_v, group, BV)
+            n, h, hk, v0, bos, eos, cbase = sequence_block(cu_seqlens, chunk_offsets, seq_order, iv, nh, h_v, group, BV)
             n_chunks = reverse_run(bos, eos, C, chunk_skip, has_skip, n, h)
             n_pairs = T.ceildiv(n_chunks, 2)
 

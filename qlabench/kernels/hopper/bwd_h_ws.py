@@ -92,6 +92,7 @@ def bwd_h_ws_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype:
     NV = V // BV
     n_tok = T.dynamic("n_tok")
     n_cu = T.dynamic("n_cu")
+    n_ord = T.dynamic("n_ord")
     n_seq = T.dynamic("n_seq")
     n_hc = T.dynamic("n_hc")
     n_fc = T.dynamic("n_fc")
@@ -174,6 +175,7 @@ def bwd_h_ws_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype:
         fac: T.Tensor((n_fc, h_v, 3, C), "float32"),
         cu_seqlens: T.Tensor((n_cu,), "int32"),
         chunk_offsets: T.Tensor((n_cu,), "int32"),
+        seq_order: T.Tensor((n_ord,), "int32"),
         h0: T.Tensor((n_seq, h_v, K, V), "float32"),
         h_out: T.Tensor((n_hc, h_v, K, V), dtype),
     ):
@@ -203,7 +205,7 @@ def bwd_h_ws_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype:
             X_f = T.alloc_fragment((C, K), "float32")
 
             tx = T.get_thread_binding()
-            n = nh // h_v
+            n = seq_order[nh // h_v]  # longest chains first (backward.longest_first)
             h = nh % h_v
             hk = h // group
             v0 = iv * BV
