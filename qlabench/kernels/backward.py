@@ -17,13 +17,15 @@ memset of the tail rows). The math of each kernel, step for step, is in ``emulat
                                          specialized, the state-independent factor K^T A_k diag(beta)
                                          formed off the serial chain), on sm100
                                          ``blackwell/bwd_h_pipelined.py``
-    bwd_dh       grid (V / BV, N * H_v)  reverse over chunks: dh (state grad at every chunk end), dv,
-                                         dV', dh0; on sm90 ``hopper/bwd_dh_ws.py`` (warp-specialized;
+    bwd_dh       grid (V / BV, N * H_v)  reverse over chunks: dh (state grad at every chunk end),
+                                         dV', dh0 (sm100: and dv); on sm90 ``hopper/bwd_dh_ws.py`` (warp-specialized;
                                          KernelOptions.bwd_dh = pipelined: ``bwd_dh_pipelined.py``),
                                          on sm100 ``blackwell/bwd_dh_pipelined.py``; both read Pg, Ag
                                          and the factors: no exp or mask in the serial loop
-    bwd_chunk    grid (NCmax, H_qk)      sm90, per chunk, full V: dq, dk summed over the GQA group, dbeta,
-                                         dg (raw gate) with every intermediate on chip (``hopper/bwd_chunk.py``)
+    bwd_chunk    grid (NCmax, H_qk)      sm90, per chunk, full V: dv = Ag^T dV' (over dV' in place: one
+                                         buffer for both, `dv_in_chunk`), dq, dk summed over the GQA group,
+                                         dbeta, dg (raw gate) with every intermediate on chip
+                                         (``hopper/bwd_chunk.py``)
       sm100:     bwd_state (dAg, dPg, dq0, dk0, dgam0 in fp32 HBM) then bwd_intra (the rest)
     dq, dk: on sm90 bwd_chunk sums them over the GQA group in registers and stores them once in q's dtype;
     sm100's bwd_intra stores them in q's dtype when H_v == H_qk, in fp32 per v-head for GQA (summed over
@@ -308,6 +310,18 @@ def mask_buffers(masks, BT: int, H: int, C: int, dtype, device):
     return Pg, (Ag if Ag is not None else _alloc((BT, H, C), dtype, device))
 
 
+def dv_in_chunk(kernels) -> bool:
+    """Whether the per-chunk kernel forms dv = Ag^T dV' itself: sm90's bwd_chunk does, over dV' in place, so one
+    `[T, H_v, V]` buffer holds dV' (written by bwd_dh) and then dv (one buffer less at the backward's peak);
+    sm100's bwd_dh stores dV' and dv in two."""
+    return "bwd_chunk" in kernels
+
+
+def dh_pass_rows(kernels, dh, dvp, dv) -> tuple:
+    """bwd_dh's row outputs: (dh, dV'), and dv after them where the per-chunk kernel does not form it."""
+    return (dh, dvp) if dv_in_chunk(kernels) else (dh, dvp, dv)
+
+
 def _zero_padding_tail(table, n_tok: int, buffers) -> None:
     """Zeroes the padding tail (tokens from cu_seqlens[-1] on) of every ``[n_tok, ...]`` buffer in place.
 
@@ -329,8 +343,9 @@ def _zero_padding_tail(table, n_tok: int, buffers) -> None:
 
 def chunk_grads(kernels, p, q2, k2, v2, do2, dvp, dv, g2, b2, A2, h, dh, bounds, C):
     """The per-chunk gradients (dq, dk `[BT, H_qk, K]` in q's dtype, dbeta, dg `[BT, H_v]` fp32;
-    flattened token axis) from the states h, dh and bwd_dh's dV', dv. sm90: one launch of bwd_chunk,
-    which sums dq, dk over each GQA group in registers. sm100: bwd_state then bwd_intra through fp32
+    flattened token axis) from the states h, dh and bwd_dh's dV' (and dv). sm90: one launch of bwd_chunk,
+    which turns dV' into dv in place (``dvp`` is ``dv``: `dv_in_chunk`) and sums dq, dk over each GQA group
+    in registers. sm100: bwd_state then bwd_intra through fp32
     intermediates, dq, dk per v-head (in q's dtype when H_v == H_qk, else fp32 summed here)."""
     dev, f32 = q2.device, f32_buffers(q2.dtype)
     BT, H, K, G = q2.shape[0], p.h_v, p.K, p.group
@@ -339,7 +354,9 @@ def chunk_grads(kernels, p, q2, k2, v2, do2, dvp, dv, g2, b2, A2, h, dh, bounds,
     if "bwd_chunk" in kernels:
         dq = _alloc((BT, p.h_qk, K), q2.dtype, dev)
         dk = _alloc((BT, p.h_qk, K), q2.dtype, dev)
-        kernels["bwd_chunk"](q2, k2, v2, do2, dvp, dv, g2, b2, A2, h, dh, bounds, dq, dk, dbeta, dg, p.scale)
+        if dvp is not dv:
+            raise ValueError("bwd_chunk forms dv over dV' in place: dvp must be dv")
+        kernels["bwd_chunk"](q2, k2, v2, do2, dv, g2, b2, A2, h, dh, bounds, dq, dk, dbeta, dg, p.scale)
         return dq, dk, dbeta, dg
     dq_v = _alloc((BT, H, K), q2.dtype if G == 1 else f32, dev)
     dk_v = _alloc((BT, H, K), dq_v.dtype, dev)
@@ -382,8 +399,8 @@ def _bwd_impl(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens,
 
     h = _alloc((ncmax, H, p.K, p.V), dtype, dev)
     dh = _alloc((ncmax, H, p.K, p.V), dtype, dev)
-    dvp = _alloc((BT, H, p.V), dtype, dev)
     dv = _alloc((BT, H, p.V), dtype, dev)
+    dvp = dv if dv_in_chunk(kernels) else _alloc((BT, H, p.V), dtype, dev)  # dV', then (sm90) dv over it
     dh0 = _alloc((p.N, H, p.K, p.V), f32, dev)
     # masks and factors of every chunk in parallel, then the two pipelined chunk recurrences
     Pg, Ag = mask_buffers(masks, BT, H, C, dtype, dev)
@@ -393,8 +410,8 @@ def _bwd_impl(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens,
     order = table.seq_order  # longest chains first
     with Beside(dev) as beside:  # the two recurrences side by side (streams.py)
         with beside.side():
-            kernels["bwd_dh"](q2, k2, do2, Pg, Ag, fac, cu, offsets, order, no_skip, dht2, dh, dvp, dv, dh0, p.scale,
-                              0)
+            kernels["bwd_dh"](q2, k2, do2, Pg, Ag, fac, cu, offsets, order, no_skip, dht2,
+                              *dh_pass_rows(kernels, dh, dvp, dv), dh0, p.scale, 0)
         kernels["bwd_h"](k2, v2, A2, fac, cu, offsets, order, h0, h)
     del Pg, Ag, fac
 

@@ -244,7 +244,7 @@ def _bwd_cp(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, s
             transitions: PieceTransitions | None = None, masks=None):
     """The orchestration; ``kernels`` are the device kernels or their float64 twins; ``masks`` the forward's
     `forward.KktMasks` when kernels' bwd_prepare forms only the missing ones, else None."""
-    from .backward import _zero_padding_tail, chunk_grads, mask_buffers
+    from .backward import _zero_padding_tail, chunk_grads, dv_in_chunk, mask_buffers
 
     C = arch.chunk_size
     check_cp_arguments(p, plan, decay_threshold, transition, C)
@@ -279,8 +279,8 @@ def _bwd_cp(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, s
 
     h = torch.empty(ncmax, H, K, V, dtype=dtype, device=dev)
     dh = torch.empty(ncmax, H, K, V, dtype=dtype, device=dev)
-    dvp = torch.empty(BT, H, V, dtype=dtype, device=dev)
     dv = torch.empty(BT, H, V, dtype=dtype, device=dev)
+    dvp = dv if dv_in_chunk(bwd) else torch.empty(BT, H, V, dtype=dtype, device=dev)  # as backward.py
     Pg, Ag = mask_buffers(masks, BT, H, C, dtype, dev)
     fac = torch.empty(ncmax, H, 3, C, dtype=f32, device=dev)
     # (a) masks and factors of every chunk.
@@ -324,7 +324,9 @@ def _bwd_cp(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, s
 def _reverse_passes(p, q2, k2, do2, Pg, Ag, fac, g2, bounds, plan, decay_threshold, transition, transitions,
                     kernels: BackwardCPKernels, arch, user_dht, dh, dvp, dv, dh0_pieces) -> None:
     """(d) and (e): the terminal gradient of every piece, then the final reverse pass over all pieces into dh,
-    dvp, dv and dh0_pieces."""
+    dvp (and dv where bwd_dh stores it: backward.dh_pass_rows) and dh0_pieces."""
+    from .backward import dh_pass_rows
+
     dev = q2.device
     H, K, V = p.h_v, p.K, p.V
     f32 = f32_buffers(q2.dtype)
@@ -335,7 +337,8 @@ def _reverse_passes(p, q2, k2, do2, Pg, Ag, fac, g2, bounds, plan, decay_thresho
         P2 = hi - lo
         tok_lo, tok_hi = plan.pieces[lo][0], plan.pieces[hi - 1][1]
         views = [x[:tok_hi] for x in (q2, k2, do2, Pg, Ag)]
-        scratch = (dh, dvp[:tok_hi], dv[:tok_hi])  # sm90's bwd_dh_ws leaves them (has_skip); the final pass (e) writes them
+        # sm90's bwd_dh_ws leaves them (has_skip); the final pass (e) writes them
+        scratch = dh_pass_rows(bwd, dh, dvp[:tok_hi], dv[:tok_hi])
         rng = (plan.bwd_pass_cu, plan.bwd_pass_chunk_offsets, plan.bwd_pass_order)
         zero = torch.zeros(1, H, K, V, dtype=f32, device=dev)
         dht_loc = torch.cat([user_dht, zero], 0)[plan.bwd_dht_src].contiguous()
@@ -391,4 +394,4 @@ def _reverse_passes(p, q2, k2, do2, Pg, Ag, fac, g2, bounds, plan, decay_thresho
     # (e) final reverse pass over all pieces.
     no_skip = torch.empty(1, H, dtype=torch.int32, device=dev)  # has_skip = 0: never read
     bwd["bwd_dh"](q2, k2, do2, Pg, Ag, fac, plan.cu_pieces, plan.chunk_offsets, plan.piece_order, no_skip,
-                  dht_pieces, dh, dvp, dv, dh0_pieces, p.scale, 0)
+                  dht_pieces, *dh_pass_rows(bwd, dh, dvp, dv), dh0_pieces, p.scale, 0)

@@ -19,6 +19,7 @@ start, dS = gradient of the state at the chunk end, A = gate-free A_k):
     kernel bwd_dh (reverse order, V-tiled, reads Pg, Ag and the factors; ``hopper/bwd_dh_pipelined.py``):
         dh[c] = dS;  dV' = diag(r) K dS + Pg^T dO;  dv = Ag^T dV';  dU = -diag(e) dv
         dS = exp(gam_C) dS + K^T dU + Q^T (scale diag(e) dO);   after the first chunk: dh0 = dS
+        (stores dh, dV'; sm100's stores dv too, sm90's bwd_chunk forms dv itself from dV', over it in place)
     kernel bwd_state (one block per chunk, full V; sm90 fuses it with bwd_intra: hopper/bwd_chunk.py):
         U = K S0;  W = V - diag(e) U;  V' = Ag W
         dAg = dV' W^T;  dPg = dO V'^T;  dq0 = scale diag(e) dO S0^T
@@ -42,7 +43,7 @@ import torch
 from .common.chunks import f32_buffers
 from .validate import validate
 
-__all__ = ["KERNEL_TWINS", "SM100_CHUNK_TWINS", "emulate_chunk_gated_delta_rule_bwd"]
+__all__ = ["KERNEL_TWINS", "SM100_TWINS", "emulate_chunk_gated_delta_rule_bwd"]
 
 F64 = torch.float64
 
@@ -224,7 +225,8 @@ def emulate_chunk_gated_delta_rule_bwd(
             _, b, _, r, gC, _ = ch["gates"]
             S_s, S = _emu_h(S, ch["K"], ch["V"], ch["A"], b, r, torch.exp(gC), st)
             hs.append(S_s)
-        # bwd_dh: reverse pass, stores dh (staged), dV' (staged) and dv.
+        # bwd_dh: reverse pass, stores dh (staged) and dV' (staged); dv = Ag^T dV' is bwd_chunk's, in fp32
+        # registers for dU and the e-term (stored rounded, as the final gradient).
         dS = dht_[n]
         dhs, dvps, dvs = [None] * len(chunks), [None] * len(chunks), [None] * len(chunks)
         for i in reversed(range(len(chunks))):
@@ -236,7 +238,7 @@ def emulate_chunk_gated_delta_rule_bwd(
             L = ch["end"] - ch["t0"]
             dhs[i] = dS_s
             dvps[i] = st(dVp) * (torch.arange(C) < L)[:, None]
-            dvs[i] = st(dW) * (torch.arange(C) < L)[:, None]
+            dvs[i] = dW * (torch.arange(C) < L)[:, None]
             dv[ch["t0"]:ch["end"]] = dW.movedim(0, 1)[:L]
         dh0[n] = dS
         # bwd_state + bwd_intra: independent per chunk.
@@ -349,11 +351,18 @@ def twin_bwd_h_pipelined(k, v, A, fac, cu_seqlens, chunk_offsets, seq_order, h0,
             h_out[off[n] + c] = S_s.to(h_out.dtype)
 
 
+def twin_bwd_dh(q, k, do, Pg, Ag, fac, cu_seqlens, chunk_offsets, seq_order, chunk_skip, dht, dh_out, dvp_out,
+               dh0_out, scale, has_skip):
+    """sm90's reverse pass (hopper/bwd_dh_ws.py, bwd_dh_pipelined.py): dh, dV', dh0; no dv (bwd_chunk forms it)."""
+    twin_bwd_dh_pipelined(q, k, do, Pg, Ag, fac, cu_seqlens, chunk_offsets, seq_order, chunk_skip, dht, dh_out,
+                          dvp_out, None, dh0_out, scale, has_skip)
+
+
 def twin_bwd_dh_pipelined(q, k, do, Pg, Ag, fac, cu_seqlens, chunk_offsets, seq_order, chunk_skip, dht, dh_out,
                           dvp_out, dv_out, dh0_out, scale, has_skip):
-    """The reverse pass (bwd_dh_ws / bwd_dh_pipelined); with has_skip a (sequence, head) runs only its
-    first m - chunk_skip[n, h] chunks, from dht at the end of the last of them (common/bwd_h.reverse_run);
-    the rows of the chunks it skips are left as they were."""
+    """The reverse pass (sm100's blackwell/bwd_dh_pipelined.py; ``dv_out`` None: sm90's, `twin_bwd_dh`); with
+    has_skip a (sequence, head) runs only its first m - chunk_skip[n, h] chunks, from dht at the end of the last
+    of them (common/bwd_h.reverse_run); the rows of the chunks it skips are left as they were."""
     C, H = Pg.shape[-1], do.shape[1]
     st = _Stager(dh_out.dtype)
     qf, kf, dof, Pgf, Agf = _expand_heads(q, H), _expand_heads(k, H), do.to(F64), Pg.to(F64), Ag.to(F64)
@@ -375,33 +384,53 @@ def twin_bwd_dh_pipelined(q, k, do, Pg, Ag, fac, cu_seqlens, chunk_offsets, seq_
             dS = torch.where(run[:, None, None], dS_new, dS)
             dh_out[off[n] + c, run] = dS_s[run].to(dh_out.dtype)
             dvp_out[t0:end, run] = dVp[run].movedim(0, 1)[: end - t0].to(dvp_out.dtype)
-            dv_out[t0:end, run] = dW[run].movedim(0, 1)[: end - t0].to(dv_out.dtype)
+            if dv_out is not None:
+                dv_out[t0:end, run] = dW[run].movedim(0, 1)[: end - t0].to(dv_out.dtype)
         dh0_out[n] = dS.to(dh0_out.dtype)
 
 
-def twin_bwd_chunk(q, k, v, do, dvp, dv, g_cumsum, beta, A, h, dh, chunk_bounds, dq_out, dk_out, dbeta_out,
+def _dv_of_dvp(dvp, g_cumsum, beta, A, chunk_bounds, st):
+    """dv = Ag^T dV' of every chunk (bwd_chunk's first product; Ag staged as the kernel forms it), float64
+    `[T, H, V]`, unrounded (the kernel keeps it in fp32 registers for dU and the e-term)."""
+    C = A.shape[-1]
+    gf, bf, Af, dvpf = g_cumsum.to(F64), beta.to(F64), A.to(F64), dvp.to(F64)
+    dv = torch.zeros(dvp.shape, dtype=F64)
+    for t0, end in chunk_bounds.tolist():
+        if t0 >= end:
+            continue
+        _, b, _, _, _, Gam = _chunk_gates(gf, bf, t0, end, C)
+        Ag_s = st(Gam * _chunk_rows(Af, t0, end, C) * b[:, None, :])
+        dv[t0:end] = (_t(Ag_s) @ _chunk_rows(dvpf, t0, end, C)).movedim(0, 1)[: end - t0]
+    return dv
+
+
+def twin_bwd_chunk(q, k, v, do, dvp_dv, g_cumsum, beta, A, h, dh, chunk_bounds, dq_out, dk_out, dbeta_out,
                    dg_out, scale):
-    """hopper/bwd_chunk.py: bwd_state then bwd_intra per v-head with the fp32 intermediates kept in
-    fp32 (on chip in the kernel, through HBM in the two-kernel form: the same values), dq, dk summed
-    over each GQA group in fp32 and stored once in ``dq_out``'s dtype (`[T, H_qk, K]`)."""
+    """hopper/bwd_chunk.py: dv = Ag^T dV' (written over dV' in ``dvp_dv``), then bwd_state and bwd_intra per
+    v-head with the fp32 intermediates kept in fp32 (on chip in the kernel, through HBM in the two-kernel form:
+    the same values), dq, dk summed over each GQA group in fp32 and stored once in ``dq_out``'s dtype
+    (`[T, H_qk, K]`)."""
     T, H, C, K = v.shape[0], v.shape[1], A.shape[-1], k.shape[-1]
     G = H // q.shape[1]
     f32 = f32_buffers(q.dtype)  # the kernel's fp32 registers (float64 in pure float64 runs)
     dAg, dPg = torch.zeros(T, H, C, dtype=f32), torch.zeros(T, H, C, dtype=f32)
     dq0, dk0, dgam0 = torch.zeros(T, H, K, dtype=f32), torch.zeros(T, H, K, dtype=f32), torch.zeros(T, H, dtype=f32)
     dq_v, dk_v = torch.zeros(T, H, K, dtype=f32), torch.zeros(T, H, K, dtype=f32)
-    twin_bwd_state(k, v, do, dvp, dv, g_cumsum, beta, A, h, dh, chunk_bounds, dAg, dPg, dq0, dk0, dgam0, scale)
+    dv = _dv_of_dvp(dvp_dv, g_cumsum, beta, A, chunk_bounds, _Stager(h.dtype))
+    twin_bwd_state(k, v, do, dvp_dv, dv, g_cumsum, beta, A, h, dh, chunk_bounds, dAg, dPg, dq0, dk0, dgam0, scale)
     twin_bwd_intra(q, k, g_cumsum, beta, A, dAg, dPg, dq0, dk0, dgam0, chunk_bounds, dq_v, dk_v, dbeta_out,
                    dg_out, scale)
     rows = chunk_bounds[:, 1] > chunk_bounds[:, 0]
     tok = torch.zeros(T, dtype=torch.bool)
     for t0, end in chunk_bounds[rows].tolist():
         tok[t0:end] = True
+    dvp_dv[tok] = dv[tok].to(dvp_dv.dtype)
     dq_out[tok] = dq_v.view(T, -1, G, K).sum(2)[tok].to(dq_out.dtype)
     dk_out[tok] = dk_v.view(T, -1, G, K).sum(2)[tok].to(dk_out.dtype)
 
 
 # sm90's launch set (backward._kernels); sm100 runs bwd_state + bwd_intra in place of bwd_chunk
-KERNEL_TWINS = {"bwd_prepare": twin_bwd_prepare, "bwd_h": twin_bwd_h_pipelined, "bwd_dh": twin_bwd_dh_pipelined,
+KERNEL_TWINS = {"bwd_prepare": twin_bwd_prepare, "bwd_h": twin_bwd_h_pipelined, "bwd_dh": twin_bwd_dh,
                 "bwd_chunk": twin_bwd_chunk}
-SM100_CHUNK_TWINS = {"bwd_state": twin_bwd_state, "bwd_intra": twin_bwd_intra}
+# sm100's kernels where they differ: bwd_dh stores dv too, bwd_state + bwd_intra in place of bwd_chunk
+SM100_TWINS = {"bwd_dh": twin_bwd_dh_pipelined, "bwd_state": twin_bwd_state, "bwd_intra": twin_bwd_intra}

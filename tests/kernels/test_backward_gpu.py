@@ -192,8 +192,8 @@ def test_autograd_path():
 _KERNEL_OUTPUTS = {
     "bwd_prepare": {6: "tok", 7: "tok", 8: "chunk"},
     "bwd_h": {8: "chunk"},  # after seq_order (argument 6)
-    "bwd_dh": {11: "chunk", 12: "tok", 13: "tok", 14: "seq"},  # after chunk_skip (argument 9)
-    "bwd_chunk": {12: "tok", 13: "tok", 14: "tok", 15: "tok"},
+    "bwd_dh": {11: "chunk", 12: "tok", 13: "seq"},  # after chunk_skip (argument 9); dV' only, no dv
+    "bwd_chunk": {4: "tok", 11: "tok", 12: "tok", 13: "tok", 14: "tok"},  # 4: dV' in, dv out (in place)
 }
 
 

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from qlabench.kernels import backward
-from qlabench.kernels.emulate_bwd import KERNEL_TWINS, SM100_CHUNK_TWINS
+from qlabench.kernels.emulate_bwd import KERNEL_TWINS, SM100_TWINS
 from qlabench.kernels.reference import chunk_gated_delta_rule_ref, chunk_intermediates_ref
 from qlabench.kernels.validate import validate
 
@@ -114,11 +114,11 @@ CASES = [
 ]
 
 
-# sm90 launches bwd_chunk (dq, dk outputs at arguments 12, 13: `[T, H_qk, K]` in q's dtype, the group
+# sm90 launches bwd_chunk (dq, dk outputs at arguments 11, 12: `[T, H_qk, K]` in q's dtype, the group
 # sum in the kernel); sm100 bwd_state + bwd_intra (11, 12: per v-head, fp32 with GQA)
 _CHUNK_PATHS = {
-    "sm90": ("bwd_chunk", 12, KERNEL_TWINS),
-    "sm100": ("bwd_intra", 11, {**{n: f for n, f in KERNEL_TWINS.items() if n != "bwd_chunk"}, **SM100_CHUNK_TWINS}),
+    "sm90": ("bwd_chunk", 11, KERNEL_TWINS),
+    "sm100": ("bwd_intra", 11, {**{n: f for n, f in KERNEL_TWINS.items() if n != "bwd_chunk"}, **SM100_TWINS}),
 }
 
 

@@ -18,7 +18,7 @@ from qlabench.kernels.hopper.bwd_chunk import bwd_chunk_kernel
 C, K, V = 64, 128, 128
 ROW_TILE = C * K * 2  # bf16 C x K (= C x V)
 SIZES = {
-    **dict.fromkeys(("Q_s", "K_s", "V_s", "dO_s", "dVp_s", "dv_s", "Vp_s"), ROW_TILE),
+    **dict.fromkeys(("Q_s", "K_s", "V_s", "dO_s", "dVp_s", "dU_s", "Vp_s"), ROW_TILE),
     **dict.fromkeys(("S0_s", "dS_s"), K * V * 2),
     **dict.fromkeys(("A_s", "Ag_s", "dP_s"), C * C * 2),
     "F_s": C * C * 4,
@@ -44,9 +44,10 @@ def test_concurrent_branches_share_no_shared_memory(h_qk, h_v):
     assert not clashes, f"buffers placed over each other: {clashes}"
     assert max(r.stop for r in ranges.values()) <= SHARED_LIMIT
     assert src.count("threadIdx.x) < 128") == 1  # one branch point, before both loops
-    # the six per-v-head sync points of the two warpgroups (the hand-off, 10, included: warpgroup 0 runs the
-    # dg / dbeta tail after it), and X's release (13): warpgroup 1 arrives once it has read X, 0 waits
-    for bar in (5, 6, 7, 8, 9, 10):
+    # the seven per-v-head sync points of the two warpgroups (the hand-off, 10, included: warpgroup 0 runs the
+    # dg / dbeta tail after it; 14: Ag whole before dv = Ag^T dV'), and X's release (13): warpgroup 1 arrives once
+    # it has read X, 0 waits
+    for bar in (5, 6, 7, 8, 9, 10, 14):
         assert src.count(f"__sync_thread_partial({bar}, 256)") == 2, bar
     assert src.count("__named_barrier_arrive(13, 256)") == 1 and src.count("__sync_thread_partial(13, 256)") == 1
     # no element-wise step draws a barrier per iteration (an in-place shared-memory update does: W, dU are
@@ -55,11 +56,11 @@ def test_concurrent_branches_share_no_shared_memory(h_qk, h_v):
     in_loop = [n for n, line in enumerate(lines) if "__sync_thread_partial" in line
                and re.match(r"\s*for \(int i_\w* = 0;", lines[n - 1])]  # first statement of an element loop
     assert not in_loop, [lines[n - 1].strip() for n in in_loop]
-    # loads: TMA boxes (Q, K once per block; S0 / V, A, dv / dV', dO / dS per v-head on four mbarriers),
+    # loads: TMA boxes (Q, K once per block; S0 / V, A, dV' / dO / dS per v-head on four mbarriers),
     # issued by one elected thread, none element-wise from global memory into these tiles
-    for tile, desc in (("Q_s", "q"), ("K_s", "k"), ("S0_s", "h"), ("V_s", "v"), ("A_s", "A"), ("dv_s", "dv"),
-                       ("dVp_s", "dvp"), ("dO_s", "do"), ("dS_s", "dh")):
+    for tile, desc in (("Q_s", "q"), ("K_s", "k"), ("S0_s", "h"), ("V_s", "v"), ("A_s", "A"),
+                       ("dVp_s", "dvp_dv"), ("dO_s", "do"), ("dS_s", "dh")):
         assert re.search(rf"tma_load\({desc}_desc, (ld|ld_qk)\[\d\], \(&\(\(\(bfloat16_t\*\){tile}\)", src), tile
-    waits = re.findall(r"ld\[(\d)\]\.wait\(", src)  # both warpgroups wait on S0, V / A / dv, dV' / dO; the dk one on dS
+    waits = re.findall(r"ld\[(\d)\]\.wait\(", src)  # both warpgroups wait on S0, V / A / dV', dO; the dk one on dS
     assert sorted(waits) == ["0", "0", "1", "1", "2", "3", "3"], waits
     assert re.search(r"tma_load\(h_desc, ld\[0\]", src)  # S0 alone first: U = K S0 runs while the rest lands

@@ -1,6 +1,6 @@
 """The per-chunk loads and elementwise steps of bwd_dh_pipelined that do not depend on how products
 are issued (TileLang macros used by hopper/bwd_dh_pipelined.py and blackwell/bwd_dh_pipelined.py,
-inside their T.Pipelined chunk loops; the formulas are in the Hopper file's header). Parameter names
+inside their T.Pipelined chunk loops; sm90's forms no dv (bwd_chunk does), sm100's stores dv too; the formulas are in the Hopper file's header). Parameter names
 match the kernels' own names on purpose: TileLang names a buffer or variable passed to a macro after
 the parameter, so equal names keep the generated CUDA of both kernels exactly as it was before these
 steps moved here.
@@ -48,6 +48,24 @@ def dw_du(dW_f, F_s, dW_s, dU_s, C: int, BV: int, dtype: str):
     for i, j in T.Parallel(C, BV):
         dW_s[i, j] = T.cast(dW_f[i, j], dtype)
         dU_s[i, j] = T.cast(-F_s[0, i] * dW_f[i, j], dtype)
+
+
+@T.macro
+def du(dW_f, F_s, dU_s, C: int, BV: int, dtype: str):
+    """dU = -diag(e) dW, bf16, from dW = Ag^T dV' in dW_f (sm90: dv = dW itself is formed by bwd_chunk)."""
+    for i, j in T.Parallel(C, BV):
+        dU_s[i, j] = T.cast(-F_s[0, i] * dW_f[i, j], dtype)
+
+
+@T.macro
+def store_dvp(dVp_s, dvp_out, t0, eos, h, v0, C: int, BV: int):
+    """The chunk's rows of dV' (a whole tile by T.copy when the chunk is full)."""
+    if t0 + C <= eos:
+        T.copy(dVp_s, dvp_out[t0:t0 + C, h, v0:v0 + BV])
+    else:
+        for i, j in T.Parallel(C, BV):
+            if t0 + i < eos:
+                dvp_out[t0 + i, h, v0 + j] = dVp_s[i, j]
 
 
 @T.macro

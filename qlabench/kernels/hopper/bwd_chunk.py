@@ -1,11 +1,12 @@
 """bwd_chunk: every per-chunk gradient of the backward in one block per (chunk, qk-head), on chip.
 
 Formula per chunk and v-head (S0 = h[c] state at the chunk start, dS = dh[c] gradient of the state
-at the chunk end, dV' and dv from bwd_dh, A = gate-free A_k, gam = in-chunk cumsum of the log-gate
+at the chunk end, dV' from bwd_dh, A = gate-free A_k, gam = in-chunk cumsum of the log-gate
 (last real value repeated), e = exp(gam), r = exp(gam_C - gam), Gam[i, j] = exp(gam_i - gam_j) for
 j <= i else 0, Ag = Gam .* A .* beta_col):
 
-    U   = K S0;   dU = -diag(e) dv;   W = V - diag(e) U;   V' = Ag W
+    dv  = Ag^T dV' (the gradient of v, stored over dV' in place);   U = K S0;   dU = -diag(e) dv
+    W   = V - diag(e) U;   V' = Ag W
     dAb = Gam .* (dV' W^T);   Y = dAb .* A;   dA = dAb .* beta_col
     dPg = dO V'^T;   P = Q K^T;   dP = scale Gam .* dPg
     X   = Y .* beta_col + scale Gam .* P .* dPg                (fp32, through the transpose)
@@ -42,11 +43,12 @@ chunk table's last chunk of a sequence) before any product reads them; rows past
 Before the loops, the chunk's Q and K rows (the qk-head's, shared by the group).
 Per v-head, each warpgroup w runs (named barriers at 256 threads between the steps, ids BAR_*):
   * loads: after BAR_TOP warpgroup 0 issues the v-head's tiles in the order of first use, ld[0] = S0;
-    ld[3] = V, A, dv; ld[1] = dV', dO (waited for only after V' = Ag W); ld[2] = dS (warpgroup 1 waits
+    ld[3] = V, A, dV'; ld[1] = dO (waited for only after V' = Ag W); ld[2] = dS (warpgroup 1 waits
     before V' dS^T); each warpgroup loads its half of gam, beta (element-wise) and waits on ld[0];
-  * U = K S0 on its half of the V columns (64x64x128) while V, A, dv land (ld[3]); Ag of its half of the
-    columns; dgam's e-term partial, W = V - diag(e) U and dU = -diag(e) dv on those columns; then V' = Ag W
-    on them (64x64x64);
+  * U = K S0 on its half of the V columns (64x64x128) while V, A, dV' land (ld[3]); Ag of its half of the
+    columns (BAR_AG: both halves); dv = Ag^T dV' on its half of the V columns (64x64x64), stored over dV'
+    (rows < end; only this block reads or writes them); dU = -diag(e) dv, dgam's e-term partial
+    rowdot(dU, U) and W = V - diag(e) U on those columns; then V' = Ag W on them (64x64x64);
   * the C x C products on its half of the columns: dAb = dV' W^T, dPg = dO V'^T (64x32x128), P = Q K^T
     (64x32x128); Y = dAb .* A, X, dA = dAb .* beta_col, dP = scale Gam .* dPg, then dbeta's column term
     colsum(Y) of its columns;
@@ -62,11 +64,13 @@ Per v-head, each warpgroup w runs (named barriers at 256 threads between the ste
   them) and in-place updates draw a barrier per element pair.
   After the loops each warpgroup stores its sum once in the inputs' dtype.
 Shared memory (bf16 unless said): Q, K, V (then W; after the C x C products T1 in its first 64 columns
-and dAs in its last 64), dO, dV', dv (then dU), V' 7 x 16 KB; S0, dS 2 x 32 KB; A, Ag (then dA), dP
+and dAs in its last 64), dO, dV', dU, V' 7 x 16 KB; S0, dS 2 x 32 KB; A, Ag (then dA), dP
 3 x 8 KB; F (fp32 C x C: Y, then X, then dM) 16 KB; 11 fp32 C-vectors; 4 mbarriers: 219 KB. Every buffer keeps its
 own bytes (TileLang's default merge; no liveness-based overlap between the concurrent branches,
-tests/kernels/test_bwd_chunk_compile.py checks the compiled offsets). Registers (ptxas, sm_90a): 168,
-no spills.
+tests/kernels/test_bwd_chunk_compile.py checks the compiled offsets). Registers (cuobjdump -res-usage, sm_90a,
+session 26): 240, no local memory.
+dv formed here rather than by bwd_dh (session 26): the backward needs one [T, H_v, V] buffer for dV' and dv, not
+two (bwd_dh writes dV' into it, this kernel reads it and leaves dv), and bwd_dh no longer stores dv rows.
 H200, session 20 (results/h200/2026-12-02_s20/, us, same call each): dAs through a fragment, then also the dg / dbeta
 tail on warpgroup 0 with the mask term on warpgroup 1 (call 1): hk16_hv16 1x32768 1414 -> 1307 -> 1266, hk16_hv64
 1x32768 3694 -> 3169 -> 3145, hk8_hv16 989 -> 878 -> 881, hk2_hv4 (CP) 301 -> 244 -> 250; then W, dU, Ag, Y, dA, dP,
@@ -107,6 +111,7 @@ BAR_MASKS = 9  # Y's column sums, X, dA, dP of both halves
 BAR_HANDOFF = 10  # dAs to warpgroup 1; the dbeta row term, dgq (warpgroup 0) and dgm, kt1, sv (1) for the tail
 BAR_LOCAL = (11, 12)  # a warpgroup's own 128-thread barrier
 BAR_XREAD = 13  # warpgroup 1 has read X (the mask term) out of F_s: warpgroup 0 may write dM there
+BAR_AG = 14  # Ag of both halves (dv = Ag^T dV' reads all of it)
 
 
 @functools.cache
@@ -120,17 +125,16 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
     n_hc = T.dynamic("n_hc")
 
     @T.macro
-    def issue_loads(v, do, dvp, dv, A, h, dh, V_s, dO_s, dVp_s, dv_s, A_s, S0_s, dS_s, ld, c, t0, hv):
+    def issue_loads(v, do, dvp_dv, A, h, dh, V_s, dO_s, dVp_s, A_s, S0_s, dS_s, ld, c, t0, hv):
         """The v-head's tiles by TMA (one elected thread of the calling warpgroup), in the order of their
-        first use: ld[0] S0 (U = K S0); ld[3] V, A, dv (W, dU, Ag); ld[1] dV', dO (after V'); ld[2] dS
-        (warpgroup 1 only).
+        first use: ld[0] S0 (U = K S0); ld[3] V, A, dV' (Ag, dv = Ag^T dV', W, dU); ld[1] dO (after V'); ld[2]
+        dS (warpgroup 1 only).
         Whole C-row boxes: rows past the chunk end hold the next sequence's tokens (shared_part zeroes them)
         or lie past the tensor (TMA fills zeros)."""
         T.tma_copy(h[c, hv, :, :], S0_s, barrier=ld[0])
         T.tma_copy(v[t0:t0 + C, hv, :], V_s, barrier=ld[3])
         T.tma_copy(A[t0:t0 + C, hv, :], A_s, barrier=ld[3])
-        T.tma_copy(dv[t0:t0 + C, hv, :], dv_s, barrier=ld[3])
-        T.tma_copy(dvp[t0:t0 + C, hv, :], dVp_s, barrier=ld[1])
+        T.tma_copy(dvp_dv[t0:t0 + C, hv, :], dVp_s, barrier=ld[3])
         T.tma_copy(do[t0:t0 + C, hv, :], dO_s, barrier=ld[1])
         T.tma_copy(dh[c, hv, :, :], dS_s, barrier=ld[2])
         T.mbarrier_arrive(ld[0])
@@ -146,24 +150,24 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
             beta_s[w * HC + i] = T.if_then_else(t0 + w * HC + i < end, beta[t0 + w * HC + i, hv], 0.0)
 
     @T.macro
-    def shared_part(w: int, lt, g, ld, v, do, dvp, dv, A, h, dh, g_cumsum, beta, Q_s, K_s, V_s, dO_s, dVp_s, dv_s, Vp_s,
+    def shared_part(w: int, lt, g, ld, v, do, dvp_dv, A, h, dh, g_cumsum, beta, Q_s, K_s, V_s, dO_s, dVp_s, dU_s, Vp_s,
                     A_s, Ag_s, S0_s, dS_s, dP_s, F_s, gam_s, beta_s, dgu_s, dbc_s, U_f, prod_f, red_f, cc_f, dpg_f,
                     p_f, x_f, gam_last: T.Ref, colsum: T.Ref, c, t0, end, hv, scale):
         """Warpgroup w's half of everything both branches need (the header's first three steps)."""
         T.fence_proxy_async()  # this thread's generic writes of the last v-head before the next TMA writes
         T.sync_threads(BAR_TOP, 256)
         if w == 0:
-            issue_loads(v, do, dvp, dv, A, h, dh, V_s, dO_s, dVp_s, dv_s, A_s, S0_s, dS_s, ld, c, t0, hv)
+            issue_loads(v, do, dvp_dv, A, h, dh, V_s, dO_s, dVp_s, A_s, S0_s, dS_s, ld, c, t0, hv)
         load_scalars(w, g_cumsum, beta, gam_s, beta_s, t0, end, hv)
         T.mbarrier_wait_parity(ld[0], g & 1)
-        # U = K S0 on this half of the columns, in flight while V, A, dv land and Ag is formed
+        # U = K S0 on this half of the columns, in flight while V, A, dV' land and Ag is formed
         T.wgmma_gemm(K_s, S0_s[:, w * HV:(w + 1) * HV], U_f, clear_accum=True)
         T.mbarrier_wait_parity(ld[3], g & 1)
-        if end - t0 < C:  # a partial chunk: the rows past its end this warpgroup reads before BAR_W
+        if end - t0 < C:  # a partial chunk: the rows past its end (V, dV' on this warpgroup's columns, A on its rows)
             for i, j in T.Parallel(C, HV):
                 if t0 + i >= end:
                     V_s[i, w * HV + j] = T.cast(0, dtype)
-                    dv_s[i, w * HV + j] = T.cast(0, dtype)
+                    dVp_s[i, w * HV + j] = T.cast(0, dtype)
             for i, j in T.Parallel(HC, C):
                 if t0 + w * HC + i >= end:
                     A_s[w * HC + i, j] = T.cast(0, dtype)
@@ -175,28 +179,35 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
             x_f[i, j] = (T.if_then_else(w * HC + j <= i, T.exp(gam_s[i] - gam_s[w * HC + j]), 0.0)
                          * A_s[i, w * HC + j] * beta_s[w * HC + j])
         T.copy(x_f, Ag_s[:, w * HC:(w + 1) * HC])
+        T.fence_proxy_async()
+        T.sync_threads(BAR_AG, 256)
+        # dv = Ag^T dV' on this half of the columns (over dV' in place: this block alone reads and writes these rows)
+        T.wgmma_gemm(Ag_s, dVp_s[:, w * HV:(w + 1) * HV], prod_f, transpose_A=True, clear_accum=True)
         T.wait_wgmma(0)
-        # dgam's e-term partial; W (over V) and dU (over dv)
         for i, j in T.Parallel(C, HV):
-            prod_f[i, j] = dv_s[i, w * HV + j] * U_f[i, j]
+            if t0 + i < end:
+                dvp_dv[t0 + i, hv, w * HV + j] = T.cast(prod_f[i, j], dtype)
+        # dU = -diag(e) dv; dgam's e-term partial rowdot(dU, U); W = V - diag(e) U
+        for i, j in T.Parallel(C, HV):
+            prod_f[i, j] = -T.exp(gam_s[i]) * prod_f[i, j]
+        T.copy(prod_f, dU_s[:, w * HV:(w + 1) * HV])
+        for i, j in T.Parallel(C, HV):
+            prod_f[i, j] = prod_f[i, j] * U_f[i, j]
         T.reduce_sum(prod_f, red_f, dim=1)
         for i in T.Parallel(C):
-            dgu_s[w, i] = -T.exp(gam_s[i]) * red_f[i]
+            dgu_s[w, i] = red_f[i]
         for i, j in T.Parallel(C, HV):
             U_f[i, j] = V_s[i, w * HV + j] - T.exp(gam_s[i]) * U_f[i, j]
-            prod_f[i, j] = -T.exp(gam_s[i]) * dv_s[i, w * HV + j]
         T.copy(U_f, V_s[:, w * HV:(w + 1) * HV])
-        T.copy(prod_f, dv_s[:, w * HV:(w + 1) * HV])
         T.fence_proxy_async()
         T.sync_threads(BAR_W, 256)
         # V' = Ag W on this half of the columns
-        # (in flight while dV', dO are waited for and a partial chunk's rows past the end zeroed)
+        # (in flight while dO is waited for and a partial chunk's rows past the end zeroed)
         T.wgmma_gemm(Ag_s, V_s[:, w * HV:(w + 1) * HV], U_f, clear_accum=True)
         T.mbarrier_wait_parity(ld[1], g & 1)
         if end - t0 < C:
             for i, j in T.Parallel(HC, V):
                 if t0 + w * HC + i >= end:
-                    dVp_s[w * HC + i, j] = T.cast(0, dtype)
                     dO_s[w * HC + i, j] = T.cast(0, dtype)
         T.wait_wgmma(0)
         for i, j in T.Parallel(C, HV):
@@ -272,8 +283,7 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
         k: T.Tensor((n_tok, h_qk, K), dtype),
         v: T.Tensor((n_tok, h_v, V), dtype),
         do: T.Tensor((n_tok, h_v, V), dtype),
-        dvp: T.Tensor((n_tok, h_v, V), dtype),
-        dv: T.Tensor((n_tok, h_v, V), dtype),
+        dvp_dv: T.Tensor((n_tok, h_v, V), dtype),
         g_cumsum: T.Tensor((n_tok, h_v), "float32"),
         beta: T.Tensor((n_tok, h_v), "float32"),
         A: T.Tensor((n_tok, h_v, C), dtype),
@@ -292,7 +302,7 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
             V_s = T.alloc_shared((C, V), dtype)  # V, then W; then T1 (columns 0..C-1) and dAs (C..2C-1)
             dO_s = T.alloc_shared((C, V), dtype)
             dVp_s = T.alloc_shared((C, V), dtype)
-            dv_s = T.alloc_shared((C, V), dtype)  # dv, then dU
+            dU_s = T.alloc_shared((C, V), dtype)
             Vp_s = T.alloc_shared((C, V), dtype)
             S0_s = T.alloc_shared((K, V), dtype)
             dS_s = T.alloc_shared((K, V), dtype)
@@ -363,8 +373,8 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
                     T.clear(dq_f)
                     for g in T.serial(group):
                         hv = hk * group + g
-                        shared_part(0, tx, g, ld, v, do, dvp, dv, A, h, dh, g_cumsum, beta, Q_s, K_s, V_s, dO_s, dVp_s,
-                                    dv_s, Vp_s, A_s, Ag_s, S0_s, dS_s, dP_s, F_s, gam_s, beta_s, dgu_s, dbc_s, U0,
+                        shared_part(0, tx, g, ld, v, do, dvp_dv, A, h, dh, g_cumsum, beta, Q_s, K_s, V_s, dO_s, dVp_s,
+                                    dU_s, Vp_s, A_s, Ag_s, S0_s, dS_s, dP_s, F_s, gam_s, beta_s, dgu_s, dbc_s, U0,
                                     prod0, red0, cc0, dpg0, p0, x0, gam_last0, colsum0, c, t0, end, hv, scale)
                         # dq += dq0 + dP K with dq0 = scale diag(e) dO S0^T; rowdot(Q, dq0) for dgam
                         T.gemm(dO_s, S0_s, acc0, transpose_B=True, clear_accum=True)
@@ -400,8 +410,8 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
                     T.clear(dk_f)
                     for g in T.serial(group):
                         hv = hk * group + g
-                        shared_part(1, tx - 128, g, ld, v, do, dvp, dv, A, h, dh, g_cumsum, beta, Q_s, K_s, V_s, dO_s,
-                                    dVp_s, dv_s, Vp_s, A_s, Ag_s, S0_s, dS_s, dP_s, F_s, gam_s, beta_s, dgu_s, dbc_s,
+                        shared_part(1, tx - 128, g, ld, v, do, dvp_dv, A, h, dh, g_cumsum, beta, Q_s, K_s, V_s, dO_s,
+                                    dVp_s, dU_s, Vp_s, A_s, Ag_s, S0_s, dS_s, dP_s, F_s, gam_s, beta_s, dgu_s, dbc_s,
                                     U1, prod1, red1, cc1, dpg1, p1, x1, gam_last1, colsum1, c, t0, end, hv, scale)
                         # dgam's mask term rowsum(X) - colsum(X), then X's shared tile is free
                         # (by column halves in cc1: a product accumulator, whose rows stay within a quad of lanes)
@@ -420,7 +430,7 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
                         for i, j in T.Parallel(C, K):
                             dk_f[i, j] = dk_f[i, j] + T.exp(gam_last1 - gam_s[i]) * acc1[i, j]
                         kt1_terms(K_s, acc1, gam_s, gam_last1, acc1, red1k, kt1_s, C, K)  # in place over acc1
-                        T.wgmma_gemm(dv_s, S0_s, dk_f, transpose_B=True)  # both into dk_f, one wait
+                        T.wgmma_gemm(dU_s, S0_s, dk_f, transpose_B=True)  # both into dk_f, one wait
                         T.wgmma_gemm(dP_s, Q_s, dk_f, transpose_A=True)
                         T.wait_wgmma(0)
                         sv_rows(S0_s, dS_s, acc1, red1s, sv_s, C, V)  # sum(S0 .* dS) for the dgam0 tail

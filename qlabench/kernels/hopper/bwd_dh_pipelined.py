@@ -6,9 +6,9 @@ registers, starting from dht; Pg = scale Gam .* Q K^T and Ag = Gam .* A_k .* bet
 bwd_prepare in bf16, e = exp(gam) and r = exp(gam_C - gam) from its per-chunk factor table):
 
     dh[c] = dS
-    dV'   = diag(r) K dS + Pg^T dO           (gradient of v_new; stored for bwd_state)
-    dv    = Ag^T dV'                         (the final dv: v enters only through W)
-    dU    = -diag(e) dv
+    dV'   = diag(r) K dS + Pg^T dO           (gradient of v_new; stored for bwd_chunk)
+    dU    = -diag(e) Ag^T dV'                (Ag^T dV' is the final dv, v enters only through W: bwd_chunk
+                                              forms and stores it, over dV' in place)
     dS    = exp(gam_C) dS + K^T dU + Q^T (scale diag(e) dO)
     after the first chunk: dh0 = dS (always written; the host drops it without h0)
 
@@ -26,12 +26,12 @@ split between them) + 128 producer.
 GEMMs per chunk (wgmma, smem operands, fp32 accumulate): K dS 64xBVx128, Pg^T dO 64xBVx64,
 Ag^T dV' 64xBVx64, K^T dU 128xBVx64, Q^T eDO 128xBVx64.
 Shared memory (BV = 64, bf16): ring 2 x (Q, K 2 x 16 KB, dO 8 KB, Pg, Ag 2 x 8 KB, factors
-0.75 KB) = ~114 KB; dS 16 KB, dV', dv, dU, eDO 4 x 8 KB: ~162 KB.
+0.75 KB) = ~114 KB; dS 16 KB, dV', dU, eDO 3 x 8 KB: ~154 KB.
 BV = 32 (backward._value_tile picks it where that grid is predicted to finish first) is the same code:
 each consumer warpgroup's wgmma has N = 16 (32 at BV = 64); the TMA tiles that are wgmma operands (dO loaded, dS
 stored out as dh) are laid out in 16-column halves with 32-byte swizzle, in the TMA maps and in the
 wgmma descriptors alike (32-column halves, 64-byte swizzle at BV = 64); as compiled (TileLang 0.1.15,
-sm_90a) 133,120 B of shared memory (165,888 B at BV = 64), no local memory either way.
+sm_90a) 133,120 B of shared memory (165,888 B at BV = 64) while it still stored dv, no local memory either way.
 scale is a runtime argument (one compiled kernel serves every scale).
 Emulated step for step by ``qlabench.kernels.emulate_bwd._emu_dh`` (twin ``twin_bwd_dh_pipelined``).
 The loads and elementwise steps that do not depend on how products are issued are TileLang macros
@@ -42,7 +42,7 @@ import functools
 
 import tilelang.language as T
 
-from ..common.bwd_dh import dw_du, load_chunk, store_dvp_dv, store_state
+from ..common.bwd_dh import du, load_chunk, store_dvp, store_state
 from ..common.bwd_h import reverse_run, sequence_block
 from .bwd_common import compile_bwd
 
@@ -74,7 +74,6 @@ def bwd_dh_pipelined_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int
         dht: T.Tensor((n_seq, h_v, K, V), "float32"),
         dh_out: T.Tensor((n_hc, h_v, K, V), dtype),
         dvp_out: T.Tensor((n_tok, h_v, V), dtype),
-        dv_out: T.Tensor((n_tok, h_v, V), dtype),
         dh0_out: T.Tensor((n_seq, h_v, K, V), "float32"),
         scale: T.float32,
         has_skip: T.int32,
@@ -88,7 +87,6 @@ def bwd_dh_pipelined_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int
             F_s = T.alloc_shared((3, C), "float32")
             dS_s = T.alloc_shared((K, BV), dtype)
             dVp_s = T.alloc_shared((C, BV), dtype)
-            dW_s = T.alloc_shared((C, BV), dtype)
             dU_s = T.alloc_shared((C, BV), dtype)
             eDO_s = T.alloc_shared((C, BV), dtype)
             dS_f = T.alloc_fragment((K, BV), "float32")
@@ -117,8 +115,8 @@ def bwd_dh_pipelined_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int
                     dVp_s[i, j] = T.if_then_else(t0 + i < eos, T.cast(dVp_f[i, j], dtype), T.cast(0, dtype))
 
                 T.gemm(Ag_s, dVp_s, dW_f, transpose_A=True, clear_accum=True)
-                dw_du(dW_f, F_s, dW_s, dU_s, C, BV, dtype)
-                store_dvp_dv(dVp_s, dW_s, dvp_out, dv_out, t0, eos, h, v0, C, BV)
+                du(dW_f, F_s, dU_s, C, BV, dtype)
+                store_dvp(dVp_s, dvp_out, t0, eos, h, v0, C, BV)
 
                 for i, j in T.Parallel(K, BV):
                     dS_f[i, j] = dS_f[i, j] * F_s[0, C - 1]

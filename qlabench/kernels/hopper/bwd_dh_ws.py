@@ -2,14 +2,14 @@
 
 sm90's default reverse pass (KernelOptions.bwd_dh = "auto" or "ws"; "pipelined" takes bwd_dh_pipelined.py;
 backward._dh_role).
-tests/kernels/test_bwd_dh_ws_compile.py is its GPU A/B against bwd_dh_pipelined (dh, dV', dv, dh0);
+tests/kernels/test_bwd_dh_ws_compile.py is its GPU A/B against bwd_dh_pipelined (dh, dV', dh0);
 its H200 runs and timings (against bwd_dh_pipelined) are in results/h200/NOTES.md.
 
 Same signature, grid and outputs as bwd_dh_pipelined.py, so the host can swap one for the other:
-(q, k, do, Pg, Ag, fac, cu_seqlens, chunk_offsets, chunk_skip, dht, dh_out, dvp_out, dv_out, dh0_out, scale,
+(q, k, do, Pg, Ag, fac, cu_seqlens, chunk_offsets, seq_order, chunk_skip, dht, dh_out, dvp_out, dh0_out, scale,
 has_skip); with has_skip a block runs only its sequence's first m - chunk_skip[n, h] chunks, from dht at
 the end of the last of them (common/bwd_h.reverse_run: backward_cp's truncated local pass), and stores
-no dh, dV', dv rows, only dh0 (the local and transition passes read nothing else; their row outputs are
+no dh, dV' rows, only dh0 (the local and transition passes read nothing else; their row outputs are
 scratch that the final pass writes: the aux warpgroup still waits and arrives as below, it skips the stores);
 grid (V / BV, N * H_v), one block per (sequence, v-head, V tile); BV = 32 or 64, C = 64, K = 128.
 
@@ -18,14 +18,13 @@ END, K x BV fp32, starting from dht; Pg, Ag bf16 from bwd_prepare; fac rows e = 
 r = exp(gam_C - gam), beta; e[C - 1] = exp(gam_C)):
 
     dh[c] = dS
-    dV'   = diag(r) K dS + Pg^T dO           (stored for bwd_state; rows >= eos are 0 in smem, not stored)
-    dv    = Ag^T dV'
-    dU    = -diag(e) dv
+    dV'   = diag(r) K dS + Pg^T dO           (stored for bwd_chunk; rows >= eos are 0 in smem, not stored)
+    dU    = -diag(e) Ag^T dV'                (dv = Ag^T dV' itself is formed and stored by bwd_chunk)
     dS    = exp(gam_C) dS + K^T dU + Q^T (scale diag(e) dO)
     after the first chunk: dh0 = dS (always written)
 
 The rounding points are those of bwd_dh_pipelined / emulate_bwd._emu_dh: dS -> bf16 (dh and the
-K dS operand), dV' = r * (K dS) + Pg^T dO in fp32 then bf16, dv and dU bf16 from the fp32 Ag^T dV',
+K dS operand), dV' = r * (K dS) + Pg^T dO in fp32 then bf16, dU bf16 from the fp32 Ag^T dV',
 eDO bf16; only the fp32 summation order of dV' differs (Pg^T dO is a separate fp32 product added
 elementwise instead of accumulated into the K dS accumulator).
 
@@ -33,7 +32,7 @@ Partial chunk (the sequence's last chunk, processed first, cr == 0): the TMA loa
 [t0, t0 + C) (the next sequence or the padding tail past eos; rows past n_tok are zero-filled by the
 TMA); the aux WG zeroes the rows past eos of Q, K, dO, Pg, Ag in the ring slot (plain stores after
 waiting full[slot]; fenced) before any product reads them, and dV', eDO are selects on t0 + i < eos,
-so non-finite data past the end cannot leak in (no multiply by zero). Only rows < eos of dV', dv
+so non-finite data past the end cannot leak in (no multiply by zero). Only rows < eos of dV'
 are stored. Sequences with no tokens run no chunk and write dh0 = dht.
 
 Warp-group roles (384 threads = 3 warpgroups, split by thread index, one if/elif/else, no block-wide
@@ -43,11 +42,11 @@ macros) so every ring / hand-off buffer is indexed by a Python constant; c = n_c
     empty[slot]; T.tma_copy of K, Ag, fac row (3 x C fp32), Pg, dO tile, Q on full[slot] (one elected
     thread: expect_tx + loads); all 128 arrive on full[slot]. Runs up to two chunks ahead.
   * WG1 state (tx 128..255, set_max_nreg 232 inc): owns dS (K x BV fp32 registers). The serial chain:
-    dS -> dS_s[b] -> K dS -> dV' -> Ag^T dV' -> dv, dU -> K^T dU (+ Q^T eDO) -> dS.
+    dS -> dS_s[b] -> K dS -> dV' -> Ag^T dV' -> dU -> K^T dU (+ Q^T eDO) -> dS.
   * WG2 aux (tx 256..383, set_max_nreg 232 inc): everything off the chain: partial-chunk zeroing,
     eDO = scale diag(e) dO (bf16, E_s[b]), PgTdO = Pg^T dO (wgmma, fp32 registers, handed over in a
     padded fp32 tile PT_s), the dh store (from dS_s[b], which the state WG writes anyway as its K dS
-    operand), the dV' and dv row stores (from dVp_s[b], dW_s[b]). Runs at most one chunk ahead of the
+    operand), the dV' row stores (from dVp_s[b]). Runs at most one chunk ahead of the
     state WG (PT_s is single-buffered), and its stores of chunk cr trail the state WG.
   (Departures from the first design: rK = diag(r) K in smem was dropped: a double-buffered 16 KB
   rK tile does not fit next to everything else at BV = 64 (+32 KB: 251.5 KB), and the r scaling on
@@ -61,12 +60,12 @@ per use of its slot, so the phase to wait for is ph, and ph ^ 1 for "freed by th
 ago", which a fresh barrier passes at once; pt_ready / pt_free are single barriers completing once
 per chunk: parity cr & 1, and (cr & 1) ^ 1 for "freed by chunk cr - 1"):
   producer:  wait empty[b] (ph ^ 1) -> TMA K, Ag, fac, Pg, dO, Q (+ tx bytes on full[b]) -> arrive full[b]
-  state:     wait full[b] (ph); wait h_free[b] (ph ^ 1: aux done with dS_s[b], dVp_s[b], dW_s[b] of cr - 2)
+  state:     wait full[b] (ph); wait h_free[b] (ph ^ 1: aux done with dS_s[b], dVp_s[b] of cr - 2)
              dS_s[b] = bf16(dS); fence.proxy.async; bar.sync(1, 128); arrive s_ready[b]
              wait aux_ready[b] (ph: zeroed rows, E_s[b]); dVp = K dS_s[b] (wgmma)
              wait pt_ready (cr & 1); dVp_s[b] = rows(bf16(r dVp + PT_s)); arrive pt_free;
              fence; bar.sync(1, 128)
-             dW = Ag^T dVp_s[b] (wgmma); dW_s[b] = bf16(dW), dU_s = bf16(-e dW); fence; bar.sync(1, 128);
+             dW = Ag^T dVp_s[b] (wgmma); dU_s = bf16(-e dW); fence; bar.sync(1, 128);
              arrive v_ready[b]
              dS = e[C-1] dS; dS += K^T dU_s (wgmma); dS += Q^T E_s[b] (wgmma); arrive empty[b]
   aux:       wait full[b] (ph); cr == 0 partial: zero rows >= eos of Q, K, dO, Pg, Ag in slot b;
@@ -74,7 +73,7 @@ per chunk: parity cr & 1, and (cr & 1) ^ 1 for "freed by chunk cr - 1"):
              PT = Pg^T dO (wgmma); arrive empty[b]
              wait pt_free ((cr & 1) ^ 1); PT_s = PT; arrive pt_ready
              wait s_ready[b] (ph); dh[c] rows <- dS_s[b]
-             wait v_ready[b] (ph); dV', dv rows < eos <- dVp_s[b], dW_s[b]; arrive h_free[b]
+             wait v_ready[b] (ph); dV' rows < eos <- dVp_s[b]; arrive h_free[b]
 Barriers (mbarrier arrive counts): full[2] = 128 (producer threads; TMA bytes via expect_tx),
 empty[2] = 256 (state + aux threads), aux_ready[2] = 128 (aux), s_ready[2] = v_ready[2] = 128
 (state), h_free[2] = 128 (aux), pt_ready[1] = 128 (aux), pt_free[1] = 128 (state). Named barriers:
@@ -82,7 +81,7 @@ empty[2] = 256 (state + aux threads), aux_ready[2] = 128 (aux), s_ready[2] = v_r
 2, 128), the aux WG's zeroed ring rows before its own Pg^T dO (1 per chunk). Thread-written smem
 read by wgmma (dS_s, dVp_s, dU_s by the state WG; E_s and the zeroed ring rows by the aux WG) is
 fenced (fence.proxy.async) by the writing threads before the barrier that publishes it; PT_s, dS_s,
-dVp_s, dW_s read by plain loads need only the mbarrier's release / acquire.
+dVp_s read by plain loads need only the mbarrier's release / acquire.
 
 Deadlock freedom (every wait has its arrive count in the phase it waits for, and no arrive depends
 on a later wait of the waiter): producer(cr) needs empty(cr - 2): state and aux arrive it at the end
@@ -118,21 +117,22 @@ warpgroup, N = BV); aux WG Pg^T dO 64xBVx64 (off the chain). Measured and not ke
 results/h200/2026-12-02_s16/dh-ab.txt): dS decayed right after its bf16 copy and Q^T eDO issued with K dS, left
 in flight under the dV' step: 1117 -> 1095 us at hk16_hv64 1x32768, 475 -> 474 at hk16_hv16 (CP), 266 -> 265 at
 hk2_hv8 (CP): under the 2% the A/B asked for. A GEMM less on the chain moved it by 2%: its time is
-elsewhere (per block and chunk at BV 64 it moves ~57 KB in and ~32 KB of dh, dV', dv out).
+elsewhere (per block and chunk at BV 64 it moved ~57 KB in and ~32 KB of dh, dV', dv out; dv has since moved
+to bwd_chunk).
 
 Shared memory, from the allocations (bf16 = 2 bytes; C = 64, K = 128):
     ring (2 slots): Q, K 2 x 2 x 16 KB, dO 2 x C BV 2, Pg, Ag 2 x 2 x 8 KB, fac 2 x 768 B
-    state -> aux: dS_s 2 x K BV 2, dVp_s, dW_s 2 x 2 x C BV 2;  aux -> state: E_s 2 x C BV 2,
+    state -> aux: dS_s 2 x K BV 2, dVp_s 2 x C BV 2;  aux -> state: E_s 2 x C BV 2,
     PT_s C (BV + 8) 4 (fp32, rows padded by 8 floats: the accumulator layout's 8 rows x 4 column
     pairs of one access fall in distinct banks);  state scratch: dU_s C BV 2
-  BV = 64: 64 + 16 + 32 + 1.5 + 32 + 32 + 16 + 18 + 8 = 219.5 KB = 224,768 B
-  BV = 32: 64 +  8 + 32 + 1.5 + 16 + 16 +  8 + 10 + 4 = 159.5 KB = 163,328 B
+  BV = 64: 64 + 16 + 32 + 1.5 + 32 + 16 + 16 + 18 + 8 = 203.5 KB = 208,384 B
+  BV = 32: 64 +  8 + 32 + 1.5 + 16 +  8 +  8 + 10 + 4 = 151.5 KB = 155,136 B
   (``shared_memory_bytes``; the compile test checks it against the launch's dynamic shared memory
   in the generated host code; as compiled every buffer has its own offset, nothing overlapped; plus
-  2 KB static (cuobjdump SHARED:2048, the mbarriers): 226,816 B at BV = 64, under the 232,448 B
+  2 KB static (cuobjdump SHARED:2048, the mbarriers): 210,432 B at BV = 64, under the 232,448 B
   (227 KB) one block may opt into on the H200; one block per SM.)
 Registers: dS is K x BV fp32 = 64 (BV = 64) / 32 (BV = 32) per state thread, plus dVp, dW
-(32 / 16 each); the aux WG's PT 32 / 16. The 384-thread launch (__launch_bounds__(384, 1)) gets 168
+(32 / 16 each; dW = Ag^T dV' only feeds dU); the aux WG's PT 32 / 16. The 384-thread launch (__launch_bounds__(384, 1)) gets 168
 per thread; set_max_nreg quotas 40 (producer, dec) + 232 (state, inc) + 232 (aux, inc) = 504
 <= 3 x 168 = 504: the two increases (2 x 64 x 128) are exactly the producer's release (128 x 128).
 
@@ -141,8 +141,8 @@ Verified on the CPU only (sm_90a, TileLang 0.1.15, nvcc 13.0): compiles at (H_qk
 spill stores / loads, LOCAL:0, 3 named barriers (0, 1, 2); the generated CUDA has the barrier
 counts, parities, fences, setmaxnreg and the single __syncthreads listed above.
 
-The state warpgroup's hand-off tiles (dV', dv, dU) are formed in place on its dead accumulators and
-copied to shared memory whole (stmatrix; dv's tile, read row-wise by the aux role, is swizzled): session 13,
+The state warpgroup's tiles (dV', dU; until session 26 also dv) are formed in place on its dead accumulators and
+copied to shared memory whole (stmatrix; session 13's dv tile, read row-wise by the aux role, was swizzled):
 bwd_dh_ws in the API's backward 568 -> 477 us at hk16_hv16 1x32768, 1425 -> 1114 at hk16_hv64. (The same
 change to bwd_h_ws's Y tile measured slower, 264 -> 289 and 998 -> 1098 us, and was reverted.)
 """
@@ -155,7 +155,6 @@ from tilelang import PassConfigKey
 
 from ..common.build import compile_for
 from ..common.bwd_h import reverse_run, sequence_block
-from ..common.smem_layout import swizzled
 
 THREADS = 384  # producer, state, aux warpgroups
 NREG_PRODUCER = 40
@@ -177,7 +176,7 @@ def bwd_dh_ws_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype
 def shared_memory_bytes(K: int, BV: int, C: int = 64, elem: int = 2) -> int:
     """Dynamic shared memory of the kernel, from its allocations (the mbarriers are static)."""
     ring = 2 * (2 * C * K + C * BV + 2 * C * C) * elem + 2 * 3 * C * 4  # Q, K, dO, Pg, Ag, fac per slot
-    handoff = 2 * (K * BV + 2 * C * BV) * elem  # dS_s, dVp_s, dW_s per parity (state -> aux)
+    handoff = 2 * (K * BV + C * BV) * elem  # dS_s, dVp_s per parity (state -> aux)
     edo = 2 * C * BV * elem  # eDO per parity (aux -> state)
     pt = C * (BV + PT_PAD) * 4  # Pg^T dO, fp32, one buffer (aux -> state)
     scratch = C * BV * elem  # dU_s (state)
@@ -218,7 +217,7 @@ def _bwd_dh_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str,
             T.mbarrier_arrive(full[slot])
 
     @T.macro
-    def state_step(slot: int, cr, n_chunks, bos, eos, Q_s, K_s, Ag_s, F_s, E_s, dS_s, dVp_s, dW_s, dU_s,
+    def state_step(slot: int, cr, n_chunks, bos, eos, Q_s, K_s, Ag_s, F_s, E_s, dS_s, dVp_s, dU_s,
                    PT_s, dS_f, dVp_f, dW_f, full, empty, aux_ready, s_ready, v_ready, h_free, pt_ready,
                    pt_free):
         if cr < n_chunks:
@@ -235,7 +234,7 @@ def _bwd_dh_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str,
             T.mbarrier_wait_parity(aux_ready[slot], ph)
             T.gemm(K_s, dS_s, dVp_f, clear_accum=True)
             T.mbarrier_wait_parity(pt_ready[0], cr & 1)
-            # dV', dv and dU formed in place on the (then dead) accumulators and copied whole (stmatrix),
+            # dV' and dU formed in place on the (then dead) accumulators and copied whole (stmatrix),
             # not as element-wise 2-byte stores from the fragment layout
             for i, j in T.Parallel(C, BV):
                 dVp_f[i, j] = T.if_then_else(t0 + i < eos, dVp_f[i, j] * F_s[1, i] + PT_s[i, j], 0.0)
@@ -245,7 +244,6 @@ def _bwd_dh_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str,
             T.sync_threads(BAR_STATE, 128)
 
             T.gemm(Ag_s, dVp_s, dW_f, transpose_A=True, clear_accum=True)
-            T.copy(dW_f, dW_s)
             for i, j in T.Parallel(C, BV):
                 dW_f[i, j] = -F_s[0, i] * dW_f[i, j]
             T.copy(dW_f, dU_s)
@@ -260,8 +258,8 @@ def _bwd_dh_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str,
             T.mbarrier_arrive(empty[slot])
 
     @T.macro
-    def aux_step(slot: int, cr, n_chunks, bos, eos, cbase, h, v0, scale, has_skip, dh_out, dvp_out, dv_out,
-                 Q_s, K_s, dO_s, Pg_s, Ag_s, F_s, E_s, dS_s, dVp_s, dW_s, PT_s, PT_f,
+    def aux_step(slot: int, cr, n_chunks, bos, eos, cbase, h, v0, scale, has_skip, dh_out, dvp_out,
+                 Q_s, K_s, dO_s, Pg_s, Ag_s, F_s, E_s, dS_s, dVp_s, PT_s, PT_f,
                  full, empty, aux_ready, s_ready, v_ready, h_free, pt_ready, pt_free):
         if cr < n_chunks:
             ph = (cr // 2) & 1
@@ -302,7 +300,6 @@ def _bwd_dh_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str,
                 for i, j in T.Parallel(C, BV):
                     if t0 + i < eos:
                         dvp_out[t0 + i, h, v0 + j] = dVp_s[i, j]
-                        dv_out[t0 + i, h, v0 + j] = dW_s[i, j]
             T.mbarrier_arrive(h_free[slot])
 
     def bwd_dh_ws(
@@ -319,7 +316,6 @@ def _bwd_dh_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str,
         dht: T.Tensor((n_seq, h_v, K, V), "float32"),
         dh_out: T.Tensor((n_hc, h_v, K, V), dtype),
         dvp_out: T.Tensor((n_tok, h_v, V), dtype),
-        dv_out: T.Tensor((n_tok, h_v, V), dtype),
         dh0_out: T.Tensor((n_seq, h_v, K, V), "float32"),
         scale: T.float32,
         has_skip: T.int32,
@@ -338,13 +334,11 @@ def _bwd_dh_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str,
             A1 = T.alloc_shared((C, C), dtype)
             F0 = T.alloc_shared((3, C), "float32")
             F1 = T.alloc_shared((3, C), "float32")
-            # state -> aux hand-off (dh, dV', dv of the chunk), double-buffered by chunk parity
+            # state -> aux hand-off (dh, dV' of the chunk), double-buffered by chunk parity
             S0 = T.alloc_shared((K, BV), dtype)
             S1 = T.alloc_shared((K, BV), dtype)
             Vp0 = T.alloc_shared((C, BV), dtype)
             Vp1 = T.alloc_shared((C, BV), dtype)
-            W0 = T.alloc_shared((C, BV), dtype)
-            W1 = T.alloc_shared((C, BV), dtype)
             # aux -> state: eDO by parity, Pg^T dO (fp32, padded rows) single
             E0 = T.alloc_shared((C, BV), dtype)
             E1 = T.alloc_shared((C, BV), dtype)
@@ -365,9 +359,6 @@ def _bwd_dh_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str,
             PT_f = T.alloc_fragment((C, BV), "float32")
 
             tx = T.get_thread_binding()
-            # dv's hand-off tiles are written by stmatrix and read row-wise: swizzled (the gemm operands
-            # are swizzled by TileLang itself)
-            T.annotate_layout(swizzled(W0, W1))
             n, h, hk, v0, bos, eos, cbase = sequence_block(cu_seqlens, chunk_offsets, seq_order, iv, nh, h_v, group, BV)
             n_chunks = reverse_run(bos, eos, C, chunk_skip, has_skip, n, h)
             n_pairs = T.ceildiv(n_chunks, 2)
@@ -384,10 +375,10 @@ def _bwd_dh_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str,
                 for i, j in T.Parallel(K, BV):
                     dS_f[i, j] = dht[n, h, i, v0 + j]
                 for p in T.serial(n_pairs):
-                    state_step(0, 2 * p, n_chunks, bos, eos, Q0, K0, A0, F0, E0, S0, Vp0, W0, dU_s, PT_s,
+                    state_step(0, 2 * p, n_chunks, bos, eos, Q0, K0, A0, F0, E0, S0, Vp0, dU_s, PT_s,
                                dS_f, dVp_f, dW_f, full, empty, aux_ready, s_ready, v_ready, h_free,
                                pt_ready, pt_free)
-                    state_step(1, 2 * p + 1, n_chunks, bos, eos, Q1, K1, A1, F1, E1, S1, Vp1, W1, dU_s, PT_s,
+                    state_step(1, 2 * p + 1, n_chunks, bos, eos, Q1, K1, A1, F1, E1, S1, Vp1, dU_s, PT_s,
                                dS_f, dVp_f, dW_f, full, empty, aux_ready, s_ready, v_ready, h_free,
                                pt_ready, pt_free)
                 for i, j in T.Parallel(K, BV):
@@ -395,12 +386,11 @@ def _bwd_dh_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str,
             else:
                 T.set_max_nreg(NREG_AUX, 1)
                 for p in T.serial(n_pairs):
-                    aux_step(0, 2 * p, n_chunks, bos, eos, cbase, h, v0, scale, has_skip, dh_out, dvp_out, dv_out,
-                             Q0, K0, O0, P0, A0, F0, E0, S0, Vp0, W0, PT_s, PT_f,
+                    aux_step(0, 2 * p, n_chunks, bos, eos, cbase, h, v0, scale, has_skip, dh_out, dvp_out,
+                             Q0, K0, O0, P0, A0, F0, E0, S0, Vp0, PT_s, PT_f,
                              full, empty, aux_ready, s_ready, v_ready, h_free, pt_ready, pt_free)
                     aux_step(1, 2 * p + 1, n_chunks, bos, eos, cbase, h, v0, scale, has_skip, dh_out, dvp_out,
-                             dv_out,
-                             Q1, K1, O1, P1, A1, F1, E1, S1, Vp1, W1, PT_s, PT_f,
+                             Q1, K1, O1, P1, A1, F1, E1, S1, Vp1, PT_s, PT_f,
                              full, empty, aux_ready, s_ready, v_ready, h_free, pt_ready, pt_free)
 
     configs = {} if auto_sync else {PassConfigKey.TL_DISABLE_THREAD_STORAGE_SYNC: True}
