@@ -1,9 +1,9 @@
 """The per-chunk loads and elementwise steps of bwd_dh_pipelined that do not depend on how products
 are issued (TileLang macros used by hopper/bwd_dh_pipelined.py and blackwell/bwd_dh_pipelined.py,
-inside their T.Pipelined chunk loops; sm90's forms no dv (bwd_chunk does), sm100's stores dv too; the formulas are in the Hopper file's header). Parameter names
-match the kernels' own names on purpose: TileLang names a buffer or variable passed to a macro after
-the parameter, so equal names keep the generated CUDA of both kernels exactly as it was before these
-steps moved here.
+inside their T.Pipelined chunk loops; sm90's forms no dv (bwd_chunk does), sm100's stores dv too; the
+formulas are in the Hopper file's header). Parameter names match the kernels' own names on purpose:
+TileLang names a buffer or variable passed to a macro after the parameter, so equal names keep the
+generated CUDA of both kernels exactly as it was before these steps moved here.
 """
 
 import tilelang.language as T
