@@ -60,8 +60,9 @@ def reverse_run(bos, eos, C: int, chunk_skip, has_skip, n, h):
 def sequence_block(cu_seqlens, chunk_offsets, seq_order, bx, by, h_v: int, group: int, BV: int):
     """Sequence n, v-head h, its k-head hk, first V column v0, token range [bos, eos) and first chunk
     row cbase of the block (bx = V tile, by = row * H_v + h: the kernels' ``iv`` and ``nh``, passed
-    under the names T.Kernel gives them; n = seq_order[row], the host's longest-first order, so the
-    longest chains are dispatched first: `backward.longest_first`); used by bwd_h and bwd_dh alike."""
+    under the names T.Kernel gives them; n = seq_order[row], the host's dispatch order: longest chains first
+    on the plain path, `ChunkTable.seq_order`; token order for CP pieces, `CPPlan.piece_order`); used by
+    bwd_h_ws, bwd_dh_ws and the pipelined bwd_h / bwd_dh alike."""
     n = seq_order[by // h_v]
     h = by % h_v
     hk = h // group

@@ -61,7 +61,7 @@ class ChunkTable:
     chunk_offsets: torch.Tensor
     chunk_bounds: torch.Tensor
     n_chunks_max: int
-    seq_order: torch.Tensor | None = None
+    seq_order: torch.Tensor
     tokens_end: int | None = None
 
 

@@ -64,6 +64,7 @@ import tilelang.language as T
 from tilelang import PassConfigKey
 
 from ..common.build import compile_for
+from ..common.bwd_h import sequence_block
 
 THREADS = 384  # producer, state, transition warpgroups
 NREG_PRODUCER = 40
@@ -205,13 +206,7 @@ def bwd_h_ws_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype:
             X_f = T.alloc_fragment((C, K), "float32")
 
             tx = T.get_thread_binding()
-            n = seq_order[nh // h_v]  # longest chains first (backward.longest_first)
-            h = nh % h_v
-            hk = h // group
-            v0 = iv * BV
-            bos = cu_seqlens[n]
-            eos = cu_seqlens[n + 1]
-            cbase = chunk_offsets[n]
+            n, h, hk, v0, bos, eos, cbase = sequence_block(cu_seqlens, chunk_offsets, seq_order, iv, nh, h_v, group, BV)
             n_run = T.max(T.ceildiv(eos - bos, C), 0)
             n_rounds = T.ceildiv(n_run, NS)
 
