@@ -417,10 +417,18 @@ def _bwd_impl(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens,
 
     dq_v, dk_v, dbeta, dg = chunk_grads(kernels, p, q2, k2, v2, do2, dvp, dv, g2, b2, A2, h, dh, bounds, C)
     del h, dh, dvp
+    return gradients_out(p, table, cu_seqlens, dq_v, dk_v, dv, dbeta, dg, dh0, beta, initial_state, state_v_first)
+
+
+def gradients_out(p, table, cu_seqlens, dq_v, dk_v, dv, dbeta, dg, dh0, beta, initial_state, state_v_first):
+    """The API's gradients from the flattened buffers (the plain and the CP backward alike): the padding tail
+    zeroed, the `[B, T, ...]` shapes, dbeta in beta's dtype, dh0 (``[N, H_v, K, V]`` fp32) in initial_state's
+    layout and dtype, or None without initial_state."""
+    BT, H = p.B * p.T, p.h_v
     if cu_seqlens is not None:  # dense inputs have no padding tail
         _zero_padding_tail(table, BT, (dq_v, dk_v, dv, dbeta, dg))
-    dq = dq_v.to(dtype).reshape(p.B, p.T, p.h_qk, p.K)  # no copy: chunk_grads returns q's dtype
-    dk = dk_v.to(dtype).reshape(p.B, p.T, p.h_qk, p.K)
+    dq = dq_v.to(dv.dtype).reshape(p.B, p.T, p.h_qk, p.K)  # no copy: chunk_grads returns q's dtype
+    dk = dk_v.to(dv.dtype).reshape(p.B, p.T, p.h_qk, p.K)
     dv = dv.reshape(p.B, p.T, H, p.V)
     dbeta = dbeta.to(beta.dtype).reshape(p.B, p.T, H)
     dg = dg.reshape(p.B, p.T, H)

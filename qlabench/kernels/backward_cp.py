@@ -244,7 +244,7 @@ def _bwd_cp(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, s
             transitions: PieceTransitions | None = None, masks=None):
     """The orchestration; ``kernels`` are the device kernels or their float64 twins; ``masks`` the forward's
     `forward.KktMasks` when kernels' bwd_prepare forms only the missing ones, else None."""
-    from .backward import _zero_padding_tail, chunk_grads, dv_in_chunk, mask_buffers
+    from .backward import chunk_grads, dv_in_chunk, gradients_out, mask_buffers
 
     C = arch.chunk_size
     check_cp_arguments(p, plan, decay_threshold, transition, C)
@@ -307,18 +307,8 @@ def _bwd_cp(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, s
     # (f) per-chunk gradients over the original chunks (as backward.py).
     dq_v, dk_v, dbeta, dg = chunk_grads(bwd, p, q2, k2, v2, do2, dvp, dv, g2, b2, A2, h, dh, bounds, C)
     del h, dh, dvp
-    if cu_seqlens is not None:
-        _zero_padding_tail(table, BT, (dq_v, dk_v, dv, dbeta, dg))
-    dq = dq_v.to(dtype).reshape(p.B, p.T, p.h_qk, K)
-    dk = dk_v.to(dtype).reshape(p.B, p.T, p.h_qk, K)
-    dv = dv.reshape(p.B, p.T, H, V)
-    dbeta = dbeta.to(beta.dtype).reshape(p.B, p.T, H)
-    dg = dg.reshape(p.B, p.T, H)
-    if initial_state is None:
-        return dq, dk, dv, dbeta, dg, None
-    dh0 = dh0_pieces[plan.first_piece]
-    dh0 = (dh0.transpose(-1, -2) if state_v_first else dh0).to(initial_state.dtype).contiguous()
-    return dq, dk, dv, dbeta, dg, dh0
+    dh0 = None if initial_state is None else dh0_pieces[plan.first_piece]
+    return gradients_out(p, table, cu_seqlens, dq_v, dk_v, dv, dbeta, dg, dh0, beta, initial_state, state_v_first)
 
 
 def _reverse_passes(p, q2, k2, do2, Pg, Ag, fac, g2, bounds, plan, decay_threshold, transition, transitions,
