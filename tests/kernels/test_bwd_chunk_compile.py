@@ -21,7 +21,7 @@ SIZES = {
     **dict.fromkeys(("Q_s", "K_s", "V_s", "dO_s", "dVp_s", "dU_s", "Vp_s"), ROW_TILE),
     **dict.fromkeys(("S0_s", "dS_s"), K * V * 2),
     **dict.fromkeys(("A_s", "Ag_s", "dP_s"), C * C * 2),
-    "F_s": C * C * 4,
+    "F_s": C * (C + 4) * 4,  # rows padded (bwd_chunk.F_PAD)
     "dgu_s": 2 * C * 4,
     **dict.fromkeys(("gam_s", "beta_s", "kt1_s", "sv_s", "dgam_s", "dgq_s", "dgm_s", "dbc_s", "dbr_s"), C * 4),
 }

@@ -59,7 +59,8 @@ def mask_sums(X_s, Y_s, tmp_f, red_f, dgm_s, dbc_s, C: int):
 @T.macro
 def wy_inverse_grad(T2_f, KK_f, beta_s, tmp_f, red_f, dM_s, dbr_s, dAs_s, C: int, dtype: str, j0: int = 0):
     """From T2 = A^T dA A^T: dL = -strict_lower(T2), rowsum(dL .* KK) for dbeta, dM = diag(beta) dL (in T2_f,
-    then ``dM_s``) and dAs = dM + dM^T (into columns j0 .. j0 + C - 1 of ``dAs_s``). ``tmp_f`` may be ``KK_f``.
+    then ``dM_s``'s first C columns: it may be row-padded) and dAs = dM + dM^T (into columns j0 .. j0 + C - 1 of
+    ``dAs_s``). ``tmp_f`` may be ``KK_f``.
     Every element-wise step writes a fragment and each tile reaches shared memory by one whole-tile copy: a
     loop that reads and writes shared memory element by element never batches its loads (the stores may
     alias them; dAs written that way held 8% of bwd_chunk's ncu samples, session 19)."""
@@ -68,7 +69,7 @@ def wy_inverse_grad(T2_f, KK_f, beta_s, tmp_f, red_f, dM_s, dbr_s, dAs_s, C: int
     for i, j in T.Parallel(C, C):
         tmp_f[i, j] = T2_f[i, j] * KK_f[i, j]
         T2_f[i, j] = beta_s[i] * T2_f[i, j]
-    T.copy(T2_f, dM_s)
+    T.copy(T2_f, dM_s[:, 0:C])
     T.reduce_sum(tmp_f, red_f, dim=1)
     for i in T.Parallel(C):
         dbr_s[i] = red_f[i]

@@ -62,10 +62,12 @@ Per v-head, each warpgroup w runs (named barriers at 256 threads between the ste
   Every element-wise step that feeds shared memory (W, dU, Ag, Y, dA, dP, dM, dAs) is formed on a fragment and
   copied whole: written element by element into shared memory its loads never batch (the stores may alias
   them) and in-place updates draw a barrier per element pair.
-  After the loops each warpgroup stores its sum once in the inputs' dtype.
+  After the loops each warpgroup stores its sum once in the inputs' dtype, staged through a tile both warpgroups are
+  done with (warpgroup 0: dO; 1: V'): stmatrix in, 16-byte row segments out (ncu, session 26: the accumulator layout
+  stored directly fills half of each 32-byte sector).
 Shared memory (bf16 unless said): Q, K, V (then W; after the C x C products T1 in its first 64 columns
 and dAs in its last 64), dO, dV', dU, V' 7 x 16 KB; S0, dS 2 x 32 KB; A, Ag (then dA), dP
-3 x 8 KB; F (fp32 C x C: Y, then X, then dM) 16 KB; 11 fp32 C-vectors; 4 mbarriers: 219 KB. Every buffer keeps its
+3 x 8 KB; F (fp32 C x C: Y, then X, then dM; rows padded to C + F_PAD) 17 KB; 11 fp32 C-vectors; 4 mbarriers: 220 KB. Every buffer keeps its
 own bytes (TileLang's default merge; no liveness-based overlap between the concurrent branches,
 tests/kernels/test_bwd_chunk_compile.py checks the compiled offsets). Registers (cuobjdump -res-usage, sm_90a,
 session 26): 240, no local memory.
@@ -112,6 +114,10 @@ BAR_HANDOFF = 10  # dAs to warpgroup 1; the dbeta row term, dgq (warpgroup 0) an
 BAR_LOCAL = (11, 12)  # a warpgroup's own 128-thread barrier
 BAR_XREAD = 13  # warpgroup 1 has read X (the mask term) out of F_s: warpgroup 0 may write dM there
 BAR_AG = 14  # Ag of both halves (dv = Ag^T dV' reads all of it)
+# fp32 columns of row padding of F_s: X_ij - X_ji and dM_ij + dM_ji read it transposed in the accumulator layout, where
+# unpadded rows (64 floats) put a warp's 32 reads in 8 banks; at 68 floats they fall in 32 (and the row-wise writes
+# in 2-way rather than 4-way conflicts)
+F_PAD = 4
 
 
 @functools.cache
@@ -184,9 +190,14 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
         # dv = Ag^T dV' on this half of the columns (over dV' in place: this block alone reads and writes these rows)
         T.wgmma_gemm(Ag_s, dVp_s[:, w * HV:(w + 1) * HV], prod_f, transpose_A=True, clear_accum=True)
         T.wait_wgmma(0)
+        # dv out through this warpgroup's columns of dU_s (free until dU is written below): stmatrix in, 16-byte row
+        # segments out, and every read done before dU overwrites them
+        T.copy(prod_f, dU_s[:, w * HV:(w + 1) * HV])
+        T.sync_threads(BAR_LOCAL[w], 128)
         for i, j in T.Parallel(C, HV):
             if t0 + i < end:
-                dvp_dv[t0 + i, hv, w * HV + j] = T.cast(prod_f[i, j], dtype)
+                dvp_dv[t0 + i, hv, w * HV + j] = dU_s[i, w * HV + j]
+        T.sync_threads(BAR_LOCAL[w], 128)
         # dU = -diag(e) dv; dgam's e-term partial rowdot(dU, U); W = V - diag(e) U
         for i, j in T.Parallel(C, HV):
             prod_f[i, j] = -T.exp(gam_s[i]) * prod_f[i, j]
@@ -272,10 +283,14 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
             dbeta_out[t0 + (lt >> 1), hv] = dbc_s[lt >> 1] + dbr_s[lt >> 1]
 
     @T.macro
-    def store_rows(acc, out, t0, end, hk):
+    def store_rows(w: int, acc, stage_s, out, t0, end, hk):
+        """Warpgroup w's group sum out in the inputs' dtype, through a tile no one reads any more (stmatrix in,
+        then whole 16-byte rows out: the accumulator layout stored directly fills half of each 32-byte sector)."""
+        T.copy(acc, stage_s)
+        T.sync_threads(BAR_LOCAL[w], 128)
         for i, j in T.Parallel(C, K):
             if t0 + i < end:
-                out[t0 + i, hk, j] = T.cast(acc[i, j], dtype)
+                out[t0 + i, hk, j] = stage_s[i, j]
 
     @T.prim_func
     def bwd_chunk(
@@ -309,7 +324,7 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
             A_s = T.alloc_shared((C, C), dtype)
             Ag_s = T.alloc_shared((C, C), dtype)  # Ag, then dA
             dP_s = T.alloc_shared((C, C), dtype)
-            F_s = T.alloc_shared((C, C), "float32")  # Y, then X, then dM
+            F_s = T.alloc_shared((C, C + F_PAD), "float32")  # Y, then X, then dM (rows padded: see F_PAD)
             gam_s = T.alloc_shared((C,), "float32")
             beta_s = T.alloc_shared((C,), "float32")
             dgu_s = T.alloc_shared((2, C), "float32")  # the e-term's two column-half partials
@@ -405,7 +420,7 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
                         T.sync_threads(BAR_HANDOFF, 256)
                         dg_tail(tx, gam_last0, tail, rowsum, hv, sv_s, kt1_s, dgu_s, dgq_s, dgm_s, dgam_s,
                                 dbc_s, dbr_s, dg_out, dbeta_out, t0, end)
-                    store_rows(dq_f, dq_out, t0, end, hk)
+                    store_rows(0, dq_f, dO_s, dq_out, t0, end, hk)  # dO_s: dead once past the last BAR_HANDOFF
                 else:
                     T.clear(dk_f)
                     for g in T.serial(group):
@@ -436,6 +451,6 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
                         sv_rows(S0_s, dS_s, acc1, red1s, sv_s, C, V)  # sum(S0 .* dS) for the dgam0 tail
                         T.sync_threads(BAR_HANDOFF, 256)
                         T.gemm(V_s[:, C:2 * C], K_s, dk_f)  # dAs K
-                    store_rows(dk_f, dk_out, t0, end, hk)
+                    store_rows(1, dk_f, Vp_s, dk_out, t0, end, hk)  # V' is dead there too
 
     return compile_for(bwd_chunk, arch)
