@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
-
 import torch
 
 from .options import KernelOptions, option_value
@@ -141,8 +139,6 @@ def _cp_plan(q, v, cu_seqlens, options: KernelOptions | None = None, mode: str |
     if mode == "off":
         return None
     B, T, H = v.shape[:3]
-    if mode == "auto" and for_backward and fused_backward(options):
-        return _fused_plan(q, v, cu_seqlens)
     if mode == "auto" and not _cp_rule_admits(H, T, for_backward):
         return None  # cp_rule decided from shapes alone (chains >= H_v, longest <= T): no plan, no host read
     from .cp import plan_cp
@@ -164,34 +160,6 @@ def _cp_plan(q, v, cu_seqlens, options: KernelOptions | None = None, mode: str |
                              chunk_size=arch_for_device(q.device).chunk_size, B=B, T=T, device=q.device, alpha=alpha)
             plan = longer if longer.enabled else plan
     return plan
-
-
-def fused_backward(options: KernelOptions | None = None) -> bool:
-    """Whether the backward runs hopper/bwd_fused (KernelOptions.bwd_dh = fused; QLABENCH_BWD_DH without options)."""
-    return option_value(options, "bwd_dh") == "fused"
-
-
-def _fused_plan(q, v, cu_seqlens):
-    """The CP plan of a training forward whose backward runs bwd_fused: the pieces `cp.fused_piece_chunks` picks
-    (the makespan of bwd_fused's blocks), or None where it cuts nothing. Reads cu_seqlens on the host (remembered
-    for a CUDA-graph capture, as every CP plan)."""
-    from .cp import fused_piece_chunks, plan_cp
-    from .dispatch import arch_for_device
-    from .forward import _sm_count
-    from .validate import _host_values
-
-    B, T, H = v.shape[:3]
-    cu = list(range(0, (B + 1) * T, T)) if cu_seqlens is None else _host_values(cu_seqlens)
-    if cu is None:
-        raise RuntimeError("CP plan needed inside a CUDA-graph capture for a cu_seqlens tensor not seen before: "
-                           "call once eagerly before capturing")
-    C, sms = arch_for_device(q.device).chunk_size, _sm_count(q.device)
-    L = fused_piece_chunks([b - a for a, b in itertools.pairwise(cu)], H, sms, C)
-    if L is None:
-        return None
-    plan = plan_cp(cu_seqlens, heads=H, sm_count=sms, chunk_size=C, B=B, T=T, device=q.device, piece_chunks=L,
-                   enable=True)
-    return plan if plan.enabled else None
 
 
 # bwd_cp=auto's rule, measured on the H200 (results/h200/NOTES.md, session 5): the backward's own pieces

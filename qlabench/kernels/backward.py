@@ -469,12 +469,8 @@ def fused_grads(kernels, p, q2, k2, v2, do2, g2, b2, A2, h, dht, chains, dv=None
     f32 = f32_buffers(dtype)
     dbeta = _alloc((BT, H), f32, dev)
     dg = _alloc((BT, H), f32, dev)
-    # longest chains first: bwd_fused's blocks start in launch order, one per SM (cp.fused_makespan's schedule)
-    order = torch.argsort(chains[:, 1] - chains[:, 0], descending=True, stable=True)
-    dh0_sorted = _alloc(tuple(dht.shape), f32, dev)
-    kernels["bwd_fused"](q2, k2, v2, do2, g2, b2, A2, h, dht[order].contiguous(), chains[order].contiguous(), dq, dk,
-                         dv, dbeta, dg, dh0_sorted, p.scale)
-    dh0 = torch.empty_like(dh0_sorted).index_copy_(0, order, dh0_sorted)
+    dh0 = _alloc(tuple(dht.shape), f32, dev)
+    kernels["bwd_fused"](q2, k2, v2, do2, g2, b2, A2, h, dht, chains, dq, dk, dv, dbeta, dg, dh0, p.scale)
     return dq, dk, dv, dbeta, dg, dh0
 
 

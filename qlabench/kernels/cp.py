@@ -47,7 +47,6 @@ plan must have been made for the same cu_seqlens tensor before the capture, else
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import math
 from dataclasses import dataclass
@@ -56,8 +55,7 @@ import torch
 
 from .validate import _host_values
 
-__all__ = ["CPPlan", "build_plan", "choose_piece_chunks", "effective_chains", "fused_makespan", "fused_piece_chunks",
-           "plan_cp"]
+__all__ = ["CPPlan", "build_plan", "choose_piece_chunks", "effective_chains", "plan_cp"]
 
 ALPHA = 3.0
 MIN_PIECE_CHUNKS = 4
@@ -97,54 +95,6 @@ def choose_piece_chunks(lengths, heads: int, sm_count: int, chunk_size: int, *, 
     on = longest > L and (busy <= sm_count * _ON_FRACTION
                           or (busy <= sm_count * _ON_FRACTION_LONG and longest >= _LONG_CHUNKS))
     return on, L
-
-
-# A bwd_fused block's cost beyond its chunk steps (its end gradient in, its start gradient out, the pipeline's fill),
-# in chunk steps; and how much longer than the shortest makespan a plan of longer pieces may run.
-FUSED_BLOCK_STEPS = 1
-FUSED_SLACK = 1.05
-
-
-def fused_makespan(piece_chunks: list[int], heads: int, sm_count: int) -> int:
-    """Chunk steps until the last block of hopper/bwd_fused ends, for chains (pieces) of ``piece_chunks`` chunks
-    over ``heads`` v-heads: one block per (chain, head) holds an SM (its shared memory admits one) and walks its
-    chunks, one step each plus FUSED_BLOCK_STEPS; blocks start in launch order (chain fastest, chains longest first
-    as `backward.fused_grads` orders them), each on the SM that frees first."""
-    free = [0] * sm_count
-    order = sorted(piece_chunks, reverse=True)
-    for _ in range(heads):
-        for n in order:
-            heapq.heappush(free, heapq.heappop(free) + n + FUSED_BLOCK_STEPS)
-    return max(free)
-
-
-def fused_piece_chunks(lengths, heads: int, sm_count: int, chunk_size: int, *,
-                       min_piece_chunks: int = MIN_PIECE_CHUNKS) -> int | None:
-    """The piece length L (chunks, a power of two >= ``min_piece_chunks``) for a backward on hopper/bwd_fused, or
-    None where no cut pays (every sequence runs as one chain).
-
-    bwd_fused runs the whole per-chunk backward inside its serial chain (one step ~ bwd_chunk's chunk, not a dh
-    pass's ~2 us), so its time is the makespan of its (piece, head) blocks on the SMs (`fused_makespan`), not the
-    longest chain alone: L is the longest power of two whose makespan is within FUSED_SLACK of the shortest over
-    every L up to the longest sequence (longer pieces: fewer pieces to chain and correct), None where that is the
-    uncut plan.
-    """
-    if heads < 1 or sm_count < 1 or chunk_size < 1:
-        raise ValueError(f"heads, sm_count and chunk_size must be positive, got {heads}, {sm_count}, "
-                         f"{chunk_size}")
-    chunks = [-(-int(n) // chunk_size) for n in lengths if int(n) > 0]
-    if not chunks:
-        return None
-    uncut = fused_makespan(chunks, heads, sm_count)
-    spans = {}
-    L = min_piece_chunks
-    while L < max(chunks):
-        spans[L] = fused_makespan([min(L, n - i) for n in chunks for i in range(0, n, L)], heads, sm_count)
-        L *= 2
-    best = min([uncut, *spans.values()])
-    if uncut <= FUSED_SLACK * best:
-        return None
-    return max(L for L, span in spans.items() if span <= FUSED_SLACK * best)
 
 
 @dataclass(frozen=True, eq=False)

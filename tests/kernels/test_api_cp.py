@@ -119,30 +119,6 @@ def test_training_plan_takes_longer_pieces_where_few_long_chains_run(stubs, monk
     assert api.training_alpha(16, 16, 32768) == api.CP_ALPHA_LONG and api.training_alpha(16, 16, 32767) == 3
 
 
-def test_fused_backward_plans_by_its_makespan(stubs, monkeypatch):
-    """With bwd_dh=fused a training forward takes cp.fused_piece_chunks' pieces: the longest power of two whose
-    bwd_fused blocks (one per piece and head, one per SM) end within 5% of the shortest makespan; where no cut pays,
-    no CP. The inference forward keeps cp_rule."""
-    from qlabench.kernels.cp import fused_makespan, fused_piece_chunks
-
-    monkeypatch.delenv("QLABENCH_CP", raising=False)
-    monkeypatch.setenv("QLABENCH_BWD_DH", "fused")
-    assert _call(32768, 16, for_backward=True) == "cp" and _piece_chunks(stubs) == 64  # 128 blocks of 64 chunks
-    assert _call(32768, 16, cu=[0, 7212, 32768], for_backward=True) == "cp" and _piece_chunks(stubs) == 16
-    assert _call(32768, 16, cu=[0, 7212, 14284, 28009, 32768], for_backward=True) == "cp"  # cp_rule: plain
-    assert _piece_chunks(stubs) == 16
-    assert _call(8192, 32, for_backward=True) == "cp" and _piece_chunks(stubs) == 32  # 32 chains of 128 chunks
-    assert _call(4096, 64, cu=list(range(0, 4097, 256)), for_backward=True) == "plain"  # 1024 blocks of 4 chunks
-    assert _call(32768, 32) == "plain"  # inference: cp_rule (32 chains lost)
-    assert fused_makespan([3, 1], 2, 2) == 6  # two SMs: 3 + 1 and 1 + 1 first, then 3 + 1 after the 1, 1 after the 3
-    assert fused_makespan([8], 1, 132) == 9
-    assert fused_piece_chunks([64 * 8], 1, 1, 64) is None  # one SM: cutting only adds block costs
-    assert fused_piece_chunks([64 * 64], 2, 8, 64) == 16  # 4 pieces x 2 heads: one block of 16 chunks per SM
-    assert fused_piece_chunks([], 4, 132, 64) is None
-    with pytest.raises(ValueError, match="positive"):
-        fused_piece_chunks([64], 0, 132, 64)
-
-
 def test_off_and_on(stubs, monkeypatch):
     monkeypatch.setenv("QLABENCH_CP", "off")
     assert _call(32768, 8) == "plain"

@@ -84,25 +84,3 @@ def test_plain_layouts(dht, state_v_first, nan_buffers):
 def test_cp_pieces(gate, nan_buffers):
     cu, T = _varlen([4000, 700, 3000], tail=21)
     _check(make_inputs(T, 4, 4, cu_seqlens=cu, gate=gate, h0=True), {"piece_chunks": 8})
-
-
-@pytest.mark.parametrize("seqlens", [[5809, 1244, 406, 733], [7212, 25556]], ids=["8k_4seq", "32k_2seq"])
-def test_autograd_training_plan(seqlens):
-    """`chunk_gated_delta_rule` under autograd with bwd_dh=fused: the training forward takes cp.fused_piece_chunks'
-    pieces (api._fused_plan) and its backward runs bwd_fused over them; gradients against the float64 reference."""
-    from qlabench.kernels import _cp_plan, chunk_gated_delta_rule
-
-    cu, T = _varlen(seqlens, tail=3)
-    inp = make_inputs(T, 16, 16, cu_seqlens=cu, gate="qwen", h0=True)
-    plan = _cp_plan(inp["q"], inp["v"], inp["cu_seqlens"], FUSED, for_backward=True)
-    assert plan is not None and plan.enabled and plan.n_pieces > len(seqlens)
-    leaves = {n: inp[n].clone().requires_grad_(True) for n in ("q", "k", "v", "g", "beta", "initial_state")}
-    o, ht = chunk_gated_delta_rule(**leaves, output_final_state=True, cu_seqlens=inp["cu_seqlens"], options=FUSED)
-    do = torch.randn_like(o)
-    torch.autograd.backward([o, ht], [do, inp["dht"]])
-    want = reference_grads(inp, do)
-    got = {"dq": leaves["q"].grad, "dk": leaves["k"].grad, "dv": leaves["v"].grad, "dg": leaves["g"].grad,
-           "dbeta": leaves["beta"].grad, "dh0": leaves["initial_state"].grad}
-    errs = {n: rel_l2(got[n], want[n]) for n in NAMES}
-    bad = {n: e for n, e in errs.items() if not e <= TOL}
-    assert not bad, f"pieces {plan.n_pieces} of {plan.piece_chunks} chunks: relative L2 over {TOL}: {bad} ({errs})"
