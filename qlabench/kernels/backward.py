@@ -181,6 +181,27 @@ def _dh_choice(bwd_dh: str | None = None) -> str:
     return choice
 
 
+# bwd_dh=auto takes hopper/bwd_fused for a CP backward of at most FUSED_MAX_CHAINS effective chains (cp.py's Be * H_v)
+# where H_v == H_qk, measured on the H200 in session 28 (results/h200/2026-12-04_s28/: h200-bwd hk16_hv16, the
+# default against bwd_dh=fused over the same pieces, backward time fused / default): 16 chains won (8k_1seq 0.93,
+# 32k_1seq 0.91-0.93), 18.6 tied (8k_2seq 0.99), 20.5 lost (32k_2seq 1.05); without CP, where one block walks a whole
+# sequence, it lost 1.8-3.3x. Its peak memory holds no dh: 0.74x the default's at 32k_1seq.
+FUSED_MAX_CHAINS = 16
+
+
+def cp_dh_choice(arch, h_qk: int, h_v: int, plan, bwd_dh: str | None = None) -> str:
+    """bwd_dh for a CP backward over ``plan``: ``fused`` where bwd_dh is auto and the rule above admits the call
+    (sm90's bwd_fused, H_v == H_qk, at most FUSED_MAX_CHAINS effective chains), else ``bwd_dh`` as given
+    (`_dh_choice`)."""
+    from .cp import effective_chains
+
+    choice = _dh_choice(bwd_dh)
+    if (choice == "auto" and h_qk == h_v and has_kernel(arch, "bwd_fused") and plan.enabled
+            and effective_chains(plan.seq_tokens, h_v, plan.chunk_size) <= FUSED_MAX_CHAINS):
+        return "fused"
+    return choice
+
+
 def _dh_role(arch, bwd_dh: str | None = None) -> str:
     """bwd_dh's file for ``bwd_dh`` (KernelOptions.bwd_dh; None: QLABENCH_BWD_DH): ``auto`` takes
     hopper/bwd_dh_ws.py (manually warp-specialized, same signature) where the arch has it (sm90;
@@ -195,7 +216,7 @@ def _dh_role(arch, bwd_dh: str | None = None) -> str:
 
 
 def compile_backward_kernels(h_qk, h_v, scale=None, dtype="bfloat16", state_v_first=False, target="sm90", *,
-                             bv=_BV, prepare="pg_ag"):
+                             bv=_BV, prepare="pg_ag", bwd_dh=None):
     """Compiles every backward kernel of one configuration for ``target`` (no GPU needed).
 
     ``scale`` and ``state_v_first`` do not specialise the kernels (scale is a runtime argument, the
@@ -203,7 +224,8 @@ def compile_backward_kernels(h_qk, h_v, scale=None, dtype="bfloat16", state_v_fi
     h_v == h_qk bwd_chunk (sm90) or bwd_intra (sm100) stores dq, dk in ``dtype``, with GQA in fp32 (`_intra_out_dtype`). ``bv``
     is the V tile of bwd_h and bwd_dh (`value_tiles(target)`; the API picks one per call from its
     grid, `_value_tile`). ``prepare`` is the bwd_prepare variant ("pg_ag", or one of
-    `prepare_variants(target)`: what a backward after the API's own forward launches). The older
+    `prepare_variants(target)`: what a backward after the API's own forward launches). ``bwd_dh`` as `_dh_role`
+    (``fused``: bwd_fused in bwd_chunk's place, `cp_dh_choice`). The older
     positional form ``(h_qk, h_v, dtype, state_v_first, target)`` is also accepted.
 
     Returns:
@@ -223,7 +245,7 @@ def compile_backward_kernels(h_qk, h_v, scale=None, dtype="bfloat16", state_v_fi
     arch = _arch_name(target)
     if prepare != "pg_ag" and prepare not in prepare_variants(arch):
         raise ValueError(f"prepare must be 'pg_ag' or one of {prepare_variants(arch)} on {arch}, got {prepare!r}")
-    return _kernels(h_qk, h_v, _dtype_name(dtype), arch, bv, prepare=prepare)
+    return _kernels(h_qk, h_v, _dtype_name(dtype), arch, bv, bwd_dh, prepare=prepare)
 
 
 def _check_inputs(q, k, v, g_cumsum, beta, A, do, dht, scale, initial_state, cu_seqlens, state_v_first,

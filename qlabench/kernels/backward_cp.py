@@ -180,6 +180,7 @@ def chunk_gated_delta_rule_bwd_cp(
     chunks = chain_chunks(plan.pieces, plan.n_pieces, arch.chunk_size)
     bv = backward._value_tile(chunks, p.h_v, sms, arch.name)
     bwd_dh, fwd_kernel = (None, None) if options is None else (options.bwd_dh, options.fwd_kernel)
+    bwd_dh = backward.cp_dh_choice(arch, p.h_qk, p.h_v, plan, bwd_dh)
     masks = backward.check_masks(masks, p, q.dtype, q.device, arch.chunk_size)
     prepare, masks = backward._prepare_masks(arch.name, masks)
     kernels = BackwardCPKernels(backward._kernels(p.h_qk, p.h_v, backward._DTYPE_NAMES[q.dtype], arch.name, bv,

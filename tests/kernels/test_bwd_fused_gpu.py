@@ -1,5 +1,6 @@
-"""bwd_dh=fused (hopper/bwd_fused.py, a prototype the API does not take by default) against autograd of the float64
-reference and against the default kernels on the same inputs, plain and over CP pieces (rel-L2 <= 0.02 per gradient).
+"""bwd_dh=fused (hopper/bwd_fused.py; the default on CP backwards of few chains, backward.cp_dh_choice) against autograd
+of the float64 reference and against bwd_chunk's kernels on the same inputs, plain and over CP pieces (rel-L2 <= 0.02
+per gradient); and the API's default training step taking it.
 
 Run on an H200:  pytest -q -m gpu tests/kernels/test_bwd_fused_gpu.py
 """
@@ -84,3 +85,28 @@ def test_plain_layouts(dht, state_v_first, nan_buffers):
 def test_cp_pieces(gate, nan_buffers):
     cu, T = _varlen([4000, 700, 3000], tail=21)
     _check(make_inputs(T, 4, 4, cu_seqlens=cu, gate=gate, h0=True), {"piece_chunks": 8})
+
+
+@pytest.mark.parametrize("gate", ["bench", "qwen"])
+def test_autograd_default_takes_fused(gate, monkeypatch):
+    """`chunk_gated_delta_rule` under autograd with the default options, on a call whose training forward runs CP over
+    few chains (4 v-heads, 4.7 effective chains): its backward runs bwd_fused (counted), gradients against the float64
+    reference."""
+    from qlabench.kernels import chunk_gated_delta_rule
+
+    launches = []
+    fused_grads = backward.fused_grads
+    monkeypatch.setattr(backward, "fused_grads", lambda *a, **kw: launches.append(1) or fused_grads(*a, **kw))
+    cu, T = _varlen([6000, 1000], tail=3)
+    inp = make_inputs(T, 4, 4, cu_seqlens=cu, gate=gate, h0=True)
+    leaves = {n: inp[n].clone().requires_grad_(True) for n in ("q", "k", "v", "g", "beta", "initial_state")}
+    o, ht = chunk_gated_delta_rule(**leaves, output_final_state=True, cu_seqlens=inp["cu_seqlens"])
+    do = torch.randn_like(o)
+    torch.autograd.backward([o, ht], [do, inp["dht"]])
+    assert launches == [1], "the default backward did not run bwd_fused"
+    want = reference_grads(inp, do)
+    got = {"dq": leaves["q"].grad, "dk": leaves["k"].grad, "dv": leaves["v"].grad, "dg": leaves["g"].grad,
+           "dbeta": leaves["beta"].grad, "dh0": leaves["initial_state"].grad}
+    errs = {n: rel_l2(got[n], want[n]) for n in NAMES}
+    bad = {n: e for n, e in errs.items() if not e <= TOL}
+    assert not bad, f"relative L2 over {TOL}: {bad} (all: {errs})"

@@ -1,5 +1,6 @@
-"""bwd_fused (prototype, not wired into the API): bwd_chunk's per-chunk gradients with the state gradient dS carried
-on chip, one block per (chain, v-head) walking its chunks from the last to the first (Hopper, sm_90a).
+"""bwd_fused: bwd_chunk's per-chunk gradients with the state gradient dS carried on chip, one block per (chain, v-head)
+walking its chunks from the last to the first (Hopper, sm_90a). The API takes it on CP backwards of few chains with
+H_v == H_qk (backward.cp_dh_choice; KernelOptions.bwd_dh = fused forces it), bwd_chunk elsewhere.
 
 Why (results/h200/NOTES.md, session 27's view, item 4): the dh pass stores dh (K x V bf16) and dV' for every
 (chunk, v-head) and bwd_chunk reads them back, ~96 KB per item that this kernel does not move; and dh is the buffer
