@@ -164,7 +164,7 @@ def test_run_records_variant_columns_and_options(tmp_path):
 def test_run_rejects_a_bad_variant(tmp_path):
     res, out = _run(tmp_path, "--backends", "torch,qla:bwd_dh=fast")
     assert res.exit_code == 2
-    assert "bwd_dh must be one of auto, ws, pipelined, got 'fast'" in res.output
+    assert "bwd_dh must be one of auto, ws, pipelined, fused, got 'fast'" in res.output
     assert not out.exists()
 
 

@@ -61,6 +61,17 @@ CP_RULE_FORWARD = ((8, 16384), (12, 24576), (16, 28672))
 # it lost at 10.6 chains of 3157 tokens (1.01), 21.1 of 3157 (1.26), 22.9 of 5809 (1.09) and at 32+ chains
 # (1.03-1.34). Every measured case falls on its winning side.
 CP_RULE_TRAINING = ((6, 4096), (12, 5120), (20, 6144), (28, 9216))
+# The training plan's piece length, measured in session 27 (results/h200/2026-12-04_s27/alpha/: h200-bwd's CP presets,
+# cp.py's alpha 6 against its ALPHA = 3, i.e. pieces twice as long, forward + backward time a6 / a3): longer pieces
+# won where few long chains run, with the longest sequence holding at least half the tokens (Be <= 2): 4-11.4
+# effective chains 0.89-0.96 (hk4_hv8 8k_1seq 0.479 -> 0.425 ms, 32k_1seq 1.281 -> 1.173; hk2_hv4 32k_1seq 0.791 ->
+# 0.730), 16 chains of one 32768-token sequence 0.99 (hk16_hv16 2.145 -> 2.125, hk8_hv16 2.059 -> 2.037; backward
+# alone 0.98). They lost at 16 chains of 8192 tokens (1.01-1.03), 18.6-20.5 chains of two sequences (1.01-1.03) and
+# on 32768 tokens in 4 or 8 sequences (9.6-26.6 chains, Be 2.4-3.3: 0.99-1.08). Entries (most effective chains,
+# fewest tokens of the longest sequence), each with Be <= CP_LONG_MAX_BATCH, as CP_RULE_TRAINING's.
+CP_LONG_PIECES = ((12, 0), (16, 32768))
+CP_LONG_MAX_BATCH = 2.0
+CP_ALPHA_LONG = 6.0
 
 
 def _cp_rule_admits(chains: float, longest: int, for_backward: bool) -> bool:
@@ -78,6 +89,18 @@ def cp_rule(plan, heads: int, for_backward: bool = False) -> bool:
     tokens = plan.seq_tokens
     chains = effective_chains(tokens, heads, plan.chunk_size)
     return _cp_rule_admits(chains, max(tokens, default=0), for_backward)
+
+
+def training_alpha(chains: float, heads: int, longest: int) -> float:
+    """cp.py's piece-length factor for a forward whose backward follows, with ``chains`` effective chains over
+    ``heads`` v-heads and a longest sequence of ``longest`` tokens: CP_ALPHA_LONG where an entry of CP_LONG_PIECES
+    admits the call (see above), else cp.ALPHA."""
+    from .cp import ALPHA
+
+    if chains > CP_LONG_MAX_BATCH * heads:
+        return ALPHA
+    long = any(chains <= max_chains and longest >= min_tokens for max_chains, min_tokens in CP_LONG_PIECES)
+    return CP_ALPHA_LONG if long else ALPHA
 
 
 def _forward(q, k, v, g, beta, *, scale, initial_state, cu_seqlens, output_final_state, output_h, state_v_first,
@@ -127,6 +150,15 @@ def _cp_plan(q, v, cu_seqlens, options: KernelOptions | None = None, mode: str |
                    enable=True if mode == "on" else None)
     if not plan.enabled or (mode == "auto" and not cp_rule(plan, H, for_backward)):
         return None
+    if mode == "auto" and for_backward:
+        from .cp import ALPHA, effective_chains
+
+        tokens = plan.seq_tokens
+        alpha = training_alpha(effective_chains(tokens, H, plan.chunk_size), H, max(tokens, default=0))
+        if alpha != ALPHA:
+            longer = plan_cp(cu_seqlens, heads=H, sm_count=_sm_count(q.device),
+                             chunk_size=arch_for_device(q.device).chunk_size, B=B, T=T, device=q.device, alpha=alpha)
+            plan = longer if longer.enabled else plan
     return plan
 
 

@@ -129,6 +129,11 @@ def backward_kernels(h_qk: int, h_v: int, arch: str, dtype: str = "bfloat16") ->
         jobs.append(("bwd_prepare", f"hk{h_qk}_hv{h_v} {dtype} masks={masks}",
                      lambda masks=masks: compile_backward_kernels(h_qk, h_v, dtype=dtype, target=a.name,
                                                                   prepare=masks)["bwd_prepare"]))
+    # bwd_dh=auto's fused kernel for CP backwards of few chains (backward.cp_dh_choice): H_v == H_qk, sm90
+    if h_qk == h_v and has_kernel(a, "bwd_fused"):
+        jobs.append(("bwd_fused", f"hk{h_qk}_hv{h_v} {dtype}",
+                     lambda: compile_backward_kernels(h_qk, h_v, dtype=dtype, target=a.name,
+                                                      bwd_dh="fused")["bwd_fused"]))
     return jobs
 
 

@@ -157,7 +157,11 @@ def _kernels(h_qk: int, h_v: int, dtype: str, arch: str, bv: int = _BV, bwd_dh: 
         "bwd_h": f("bwd_h")(h_qk, h_v, K, V, bv, C, dtype, a.name),
         "bwd_dh": f(_dh_role(a, bwd_dh))(h_qk, h_v, K, V, bv, C, dtype, a.name),
     }
-    if has_kernel(a, "bwd_chunk"):  # sm90: the per-chunk gradients in one kernel
+    if _dh_choice(bwd_dh) == "fused":  # the per-chunk gradients with the dS chain on chip (bwd_dh: CP's local passes)
+        if not has_kernel(a, "bwd_fused") or h_qk != h_v:
+            raise ValueError(f"bwd_dh=fused needs sm90 and H_v == H_qk, got {a.name}, H_qk={h_qk}, H_v={h_v}")
+        kernels["bwd_fused"] = f("bwd_fused")(h_qk, h_v, K, V, C, dtype, a.name)
+    elif has_kernel(a, "bwd_chunk"):  # sm90: the per-chunk gradients in one kernel
         kernels["bwd_chunk"] = f("bwd_chunk")(h_qk, h_v, K, V, C, dtype, a.name)
     else:
         kernels["bwd_state"] = f("bwd_state")(h_qk, h_v, K, V, C, dtype, a.name)
@@ -166,7 +170,36 @@ def _kernels(h_qk: int, h_v: int, dtype: str, arch: str, bv: int = _BV, bwd_dh: 
     return kernels
 
 
-_DH_CHOICES = ("auto", "ws", "pipelined")
+_DH_CHOICES = ("auto", "ws", "pipelined", "fused")
+
+
+def _dh_choice(bwd_dh: str | None = None) -> str:
+    """KernelOptions.bwd_dh, or without it QLABENCH_BWD_DH (ValueError outside _DH_CHOICES)."""
+    choice = env_choice("QLABENCH_BWD_DH", _DH_CHOICES, "auto") if bwd_dh is None else bwd_dh
+    if choice not in _DH_CHOICES:
+        raise ValueError(f"bwd_dh must be one of {', '.join(_DH_CHOICES)}, got {choice!r}")
+    return choice
+
+
+# bwd_dh=auto takes hopper/bwd_fused for a CP backward of at most FUSED_MAX_CHAINS effective chains (cp.py's Be * H_v)
+# where H_v == H_qk, measured on the H200 in session 28 (results/h200/2026-12-04_s28/: h200-bwd hk16_hv16, the
+# default against bwd_dh=fused over the same pieces, backward time fused / default): 16 chains won (8k_1seq 0.93,
+# 32k_1seq 0.91-0.93), 18.6 tied (8k_2seq 0.99), 20.5 lost (32k_2seq 1.05); without CP, where one block walks a whole
+# sequence, it lost 1.8-3.3x. Its peak memory holds no dh: 0.74x the default's at 32k_1seq.
+FUSED_MAX_CHAINS = 16
+
+
+def cp_dh_choice(arch, h_qk: int, h_v: int, plan, bwd_dh: str | None = None) -> str:
+    """bwd_dh for a CP backward over ``plan``: ``fused`` where bwd_dh is auto and the rule above admits the call
+    (sm90's bwd_fused, H_v == H_qk, at most FUSED_MAX_CHAINS effective chains), else ``bwd_dh`` as given
+    (`_dh_choice`)."""
+    from .cp import effective_chains
+
+    choice = _dh_choice(bwd_dh)
+    if (choice == "auto" and h_qk == h_v and has_kernel(arch, "bwd_fused") and plan.enabled
+            and effective_chains(plan.seq_tokens, h_v, plan.chunk_size) <= FUSED_MAX_CHAINS):
+        return "fused"
+    return choice
 
 
 def _dh_role(arch, bwd_dh: str | None = None) -> str:
@@ -174,17 +207,16 @@ def _dh_role(arch, bwd_dh: str | None = None) -> str:
     hopper/bwd_dh_ws.py (manually warp-specialized, same signature) where the arch has it (sm90;
     faster than bwd_dh_pipelined on the H200, results/h200/NOTES.md session 5), else the arch's
     bwd_dh; ``ws`` forces it (sm90 only:
-    elsewhere kernel_factory raises); ``pipelined`` takes the arch's bwd_dh."""
-    choice = env_choice("QLABENCH_BWD_DH", _DH_CHOICES, "auto") if bwd_dh is None else bwd_dh
-    if choice not in _DH_CHOICES:
-        raise ValueError(f"bwd_dh must be one of {', '.join(_DH_CHOICES)}, got {choice!r}")
-    if choice == "ws" or (choice == "auto" and has_kernel(arch, "bwd_dh_ws")):
+    elsewhere kernel_factory raises); ``pipelined`` takes the arch's bwd_dh; ``fused`` takes auto's file for the
+    CP local passes (the final reverse pass runs inside bwd_fused)."""
+    choice = _dh_choice(bwd_dh)
+    if choice == "ws" or (choice in ("auto", "fused") and has_kernel(arch, "bwd_dh_ws")):
         return "bwd_dh_ws"
     return "bwd_dh"
 
 
 def compile_backward_kernels(h_qk, h_v, scale=None, dtype="bfloat16", state_v_first=False, target="sm90", *,
-                             bv=_BV, prepare="pg_ag"):
+                             bv=_BV, prepare="pg_ag", bwd_dh=None):
     """Compiles every backward kernel of one configuration for ``target`` (no GPU needed).
 
     ``scale`` and ``state_v_first`` do not specialise the kernels (scale is a runtime argument, the
@@ -192,7 +224,8 @@ def compile_backward_kernels(h_qk, h_v, scale=None, dtype="bfloat16", state_v_fi
     h_v == h_qk bwd_chunk (sm90) or bwd_intra (sm100) stores dq, dk in ``dtype``, with GQA in fp32 (`_intra_out_dtype`). ``bv``
     is the V tile of bwd_h and bwd_dh (`value_tiles(target)`; the API picks one per call from its
     grid, `_value_tile`). ``prepare`` is the bwd_prepare variant ("pg_ag", or one of
-    `prepare_variants(target)`: what a backward after the API's own forward launches). The older
+    `prepare_variants(target)`: what a backward after the API's own forward launches). ``bwd_dh`` as `_dh_role`
+    (``fused``: bwd_fused in bwd_chunk's place, `cp_dh_choice`). The older
     positional form ``(h_qk, h_v, dtype, state_v_first, target)`` is also accepted.
 
     Returns:
@@ -212,7 +245,7 @@ def compile_backward_kernels(h_qk, h_v, scale=None, dtype="bfloat16", state_v_fi
     arch = _arch_name(target)
     if prepare != "pg_ag" and prepare not in prepare_variants(arch):
         raise ValueError(f"prepare must be 'pg_ag' or one of {prepare_variants(arch)} on {arch}, got {prepare!r}")
-    return _kernels(h_qk, h_v, _dtype_name(dtype), arch, bv, prepare=prepare)
+    return _kernels(h_qk, h_v, _dtype_name(dtype), arch, bv, bwd_dh, prepare=prepare)
 
 
 def _check_inputs(q, k, v, g_cumsum, beta, A, do, dht, scale, initial_state, cu_seqlens, state_v_first,
@@ -313,8 +346,9 @@ def mask_buffers(masks, BT: int, H: int, C: int, dtype, device):
 def dv_in_chunk(kernels) -> bool:
     """Whether the per-chunk kernel forms dv = Ag^T dV' itself: sm90's bwd_chunk does, over dV' in place, so one
     `[T, H_v, V]` buffer holds dV' (written by bwd_dh) and then dv (one buffer less at the backward's peak);
-    sm100's bwd_dh stores dV' and dv in two."""
-    return "bwd_chunk" in kernels
+    sm100's bwd_dh stores dV' and dv in two. bwd_fused (bwd_dh=fused) forms both itself: sm90's bwd_dh serves only
+    CP's local passes there and stores no rows."""
+    return "bwd_chunk" in kernels or "bwd_fused" in kernels
 
 
 def dh_pass_rows(kernels, dh, dvp, dv) -> tuple:
@@ -398,6 +432,9 @@ def _bwd_impl(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens,
     h0, dht2 = state_in(initial_state), state_in(dht)
 
     h = _alloc((ncmax, H, p.K, p.V), dtype, dev)
+    if "bwd_fused" in kernels:
+        return _bwd_fused(p, kernels, q2, k2, v2, do2, g2, b2, A2, table, h0, dht2, h, masks, cu_seqlens, beta,
+                          initial_state, state_v_first, C)
     dh = _alloc((ncmax, H, p.K, p.V), dtype, dev)
     dv = _alloc((BT, H, p.V), dtype, dev)
     dvp = dv if dv_in_chunk(kernels) else _alloc((BT, H, p.V), dtype, dev)  # dV', then (sm90) dv over it
@@ -418,6 +455,45 @@ def _bwd_impl(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens,
     dq_v, dk_v, dbeta, dg = chunk_grads(kernels, p, q2, k2, v2, do2, dvp, dv, g2, b2, A2, h, dh, bounds, C)
     del h, dh, dvp
     return gradients_out(p, table, cu_seqlens, dq_v, dk_v, dv, dbeta, dg, dh0, beta, initial_state, state_v_first)
+
+
+def _bwd_fused(p, kernels, q2, k2, v2, do2, g2, b2, A2, table, h0, dht2, h, masks, cu_seqlens, beta, initial_state,
+               state_v_first, C):
+    """The plain backward with bwd_dh=fused: bwd_prepare's factors, bwd_h's states, then bwd_fused per (sequence,
+    v-head) from dht (no dh buffer, no dV' round trip)."""
+    dev, dtype = q2.device, q2.dtype
+    BT, H = p.B * p.T, p.h_v
+    Pg, Ag = mask_buffers(masks, BT, H, C, dtype, dev)
+    fac = _alloc((table.n_chunks_max, H, 3, C), torch.float32, dev)
+    kernels["bwd_prepare"](q2, k2, g2, b2, A2, table.chunk_bounds, Pg, Ag, fac, p.scale)
+    kernels["bwd_h"](k2, v2, A2, fac, table.cu_seqlens, table.chunk_offsets, table.seq_order, h0, h)
+    del Pg, Ag, fac
+    chains = fused_chains(table.cu_seqlens, table.chunk_offsets)
+    dq, dk, dv, dbeta, dg, dh0 = fused_grads(kernels, p, q2, k2, v2, do2, g2, b2, A2, h, dht2, chains)
+    return gradients_out(p, table, cu_seqlens, dq, dk, dv, dbeta, dg, dh0, beta, initial_state, state_v_first)
+
+
+def fused_chains(cu: torch.Tensor, chunk_offsets: torch.Tensor) -> torch.Tensor:
+    """bwd_fused's chain table `[n, 3]` int32 (bos, eos, index of the chain's first chunk in h) from a cu_seqlens of
+    the chains and their chunk offsets (a chunk table's, or a CP plan's cu_pieces / chunk_offsets)."""
+    return torch.stack([cu[:-1], cu[1:], chunk_offsets[:-1]], 1).to(torch.int32).contiguous()
+
+
+def fused_grads(kernels, p, q2, k2, v2, do2, g2, b2, A2, h, dht, chains, dv=None):
+    """bwd_fused over ``chains`` (`fused_chains`) from their end gradients ``dht`` `[n, H_v, K, V]` fp32: dq, dk, dv
+    (into ``dv`` when given) in q's dtype, dbeta, dg fp32 (flattened token axis) and the chains' start gradients
+    `[n, H_v, K, V]` fp32."""
+    dev, dtype = q2.device, q2.dtype
+    BT, H = q2.shape[0], p.h_v
+    dq = _alloc((BT, p.h_qk, p.K), dtype, dev)
+    dk = _alloc((BT, p.h_qk, p.K), dtype, dev)
+    dv = _alloc((BT, H, p.V), dtype, dev) if dv is None else dv
+    f32 = f32_buffers(dtype)
+    dbeta = _alloc((BT, H), f32, dev)
+    dg = _alloc((BT, H), f32, dev)
+    dh0 = _alloc(tuple(dht.shape), f32, dev)
+    kernels["bwd_fused"](q2, k2, v2, do2, g2, b2, A2, h, dht, chains, dq, dk, dv, dbeta, dg, dh0, p.scale)
+    return dq, dk, dv, dbeta, dg, dh0
 
 
 def gradients_out(p, table, cu_seqlens, dq_v, dk_v, dv, dbeta, dg, dh0, beta, initial_state, state_v_first):

@@ -180,6 +180,7 @@ def chunk_gated_delta_rule_bwd_cp(
     chunks = chain_chunks(plan.pieces, plan.n_pieces, arch.chunk_size)
     bv = backward._value_tile(chunks, p.h_v, sms, arch.name)
     bwd_dh, fwd_kernel = (None, None) if options is None else (options.bwd_dh, options.fwd_kernel)
+    bwd_dh = backward.cp_dh_choice(arch, p.h_qk, p.h_v, plan, bwd_dh)
     masks = backward.check_masks(masks, p, q.dtype, q.device, arch.chunk_size)
     prepare, masks = backward._prepare_masks(arch.name, masks)
     kernels = BackwardCPKernels(backward._kernels(p.h_qk, p.h_v, backward._DTYPE_NAMES[q.dtype], arch.name, bv,
@@ -244,7 +245,7 @@ def _bwd_cp(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, s
             transitions: PieceTransitions | None = None, masks=None):
     """The orchestration; ``kernels`` are the device kernels or their float64 twins; ``masks`` the forward's
     `forward.KktMasks` when kernels' bwd_prepare forms only the missing ones, else None."""
-    from .backward import chunk_grads, dv_in_chunk, gradients_out, mask_buffers
+    from .backward import chunk_grads, dv_in_chunk, fused_chains, fused_grads, gradients_out, mask_buffers
 
     C = arch.chunk_size
     check_cp_arguments(p, plan, decay_threshold, transition, C)
@@ -277,8 +278,9 @@ def _bwd_cp(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, s
 
     user_h0, user_dht = kv(initial_state, p.N), kv(dht, p.N)
 
+    fused = "bwd_fused" in bwd  # bwd_dh=fused: no dh buffer, no final reverse pass (bwd_fused carries dS)
     h = torch.empty(ncmax, H, K, V, dtype=dtype, device=dev)
-    dh = torch.empty(ncmax, H, K, V, dtype=dtype, device=dev)
+    dh = torch.empty(1 if fused else ncmax, H, K, V, dtype=dtype, device=dev)  # fused: the local passes' scratch
     dv = torch.empty(BT, H, V, dtype=dtype, device=dev)
     dvp = dv if dv_in_chunk(bwd) else torch.empty(BT, H, V, dtype=dtype, device=dev)  # as backward.py
     Pg, Ag = mask_buffers(masks, BT, H, C, dtype, dev)
@@ -299,22 +301,28 @@ def _bwd_cp(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, s
     dh0_pieces = torch.empty(P, H, K, V, dtype=f32, device=dev)
     with Beside(dev) as beside:
         with beside.side():
-            _reverse_passes(p, q2, k2, do2, Pg, Ag, fac, g2, bounds, plan, decay_threshold, transition,
-                            transitions, kernels, arch, user_dht, dh, dvp, dv, dh0_pieces)
+            dht_pieces = _reverse_passes(p, q2, k2, do2, Pg, Ag, fac, g2, bounds, plan, decay_threshold, transition,
+                                         transitions, kernels, arch, user_dht, dh, dvp, dv, dh0_pieces)
         bwd["bwd_h"](k2, v2, A2, fac, plan.cu_pieces, plan.chunk_offsets, plan.piece_order, S_in, h)
     del Pg, Ag, fac
 
-    # (f) per-chunk gradients over the original chunks (as backward.py).
-    dq_v, dk_v, dbeta, dg = chunk_grads(bwd, p, q2, k2, v2, do2, dvp, dv, g2, b2, A2, h, dh, bounds, C)
+    # (f) per-chunk gradients over the original chunks (as backward.py); fused: per piece from its end gradient
+    if fused:
+        chains = fused_chains(plan.cu_pieces, plan.chunk_offsets)
+        dq_v, dk_v, dv, dbeta, dg, dh0_pieces = fused_grads(bwd, p, q2, k2, v2, do2, g2, b2, A2, h, dht_pieces, chains,
+                                                            dv)
+    else:
+        dq_v, dk_v, dbeta, dg = chunk_grads(bwd, p, q2, k2, v2, do2, dvp, dv, g2, b2, A2, h, dh, bounds, C)
     del h, dh, dvp
     dh0 = None if initial_state is None else dh0_pieces[plan.first_piece]
     return gradients_out(p, table, cu_seqlens, dq_v, dk_v, dv, dbeta, dg, dh0, beta, initial_state, state_v_first)
 
 
 def _reverse_passes(p, q2, k2, do2, Pg, Ag, fac, g2, bounds, plan, decay_threshold, transition, transitions,
-                    kernels: BackwardCPKernels, arch, user_dht, dh, dvp, dv, dh0_pieces) -> None:
-    """(d) and (e): the terminal gradient of every piece, then the final reverse pass over all pieces into dh,
-    dvp (and dv where bwd_dh stores it: backward.dh_pass_rows) and dh0_pieces."""
+                    kernels: BackwardCPKernels, arch, user_dht, dh, dvp, dv, dh0_pieces) -> torch.Tensor:
+    """(d) and (e): the terminal gradient of every piece (returned), then the final reverse pass over all pieces into
+    dh, dvp (and dv where bwd_dh stores it: backward.dh_pass_rows) and dh0_pieces (not with bwd_fused, which runs
+    the pieces' chains itself)."""
     from .backward import dh_pass_rows
 
     dev = q2.device
@@ -380,8 +388,11 @@ def _reverse_passes(p, q2, k2, do2, Pg, Ag, fac, g2, bounds, plan, decay_thresho
     else:
         dht_all = user_dht
     dht_pieces = dht_all[plan.dht_src].contiguous()
+    if "bwd_fused" in bwd:
+        return dht_pieces
 
     # (e) final reverse pass over all pieces.
     no_skip = torch.empty(1, H, dtype=torch.int32, device=dev)  # has_skip = 0: never read
     bwd["bwd_dh"](q2, k2, do2, Pg, Ag, fac, plan.cu_pieces, plan.chunk_offsets, plan.piece_order, no_skip,
                   dht_pieces, *dh_pass_rows(bwd, dh, dvp, dv), dh0_pieces, p.scale, 0)
+    return dht_pieces

@@ -89,7 +89,8 @@ BACKWARD_ROLES = tuple(_HOPPER_BACKWARD) + ("bwd_state", "bwd_intra")
 KERNEL_MODULES: dict[str, dict[str, str]] = {
     # verified on an H200; bwd_dh_ws (manually warp-specialized reverse pass) is the default reverse
     # pass (KernelOptions.bwd_dh = auto / ws; backward._dh_role)
-    "sm90": {**_HOPPER_FORWARD, **_HOPPER_BACKWARD, "bwd_dh_ws": "hopper.bwd_dh_ws:bwd_dh_ws_kernel"},
+    "sm90": {**_HOPPER_FORWARD, **_HOPPER_BACKWARD, "bwd_dh_ws": "hopper.bwd_dh_ws:bwd_dh_ws_kernel",
+             "bwd_fused": "hopper.bwd_fused:bwd_fused_kernel"},
     # tcgen05 + tensor memory (blackwell/), forward and backward; compiled only
     "sm100": {**_SM100_FORWARD, **_SM100_BACKWARD},
     "sm120": dict(_SM120_FORWARD),  # Hopper forward for sm_120a, C = 32, smem-checked; compiled only; no backward

@@ -353,16 +353,19 @@ def twin_bwd_h_pipelined(k, v, A, fac, cu_seqlens, chunk_offsets, seq_order, h0,
 
 def twin_bwd_dh(q, k, do, Pg, Ag, fac, cu_seqlens, chunk_offsets, seq_order, chunk_skip, dht, dh_out, dvp_out,
                dh0_out, scale, has_skip):
-    """sm90's reverse pass (hopper/bwd_dh_ws.py, bwd_dh_pipelined.py): dh, dV', dh0; no dv (bwd_chunk forms it)."""
+    """sm90's reverse pass (hopper/bwd_dh_ws.py, the default; bwd_dh_pipelined.py also stores rows under has_skip):
+    dh, dV', dh0; no dv (bwd_chunk forms it); under has_skip only dh0, as bwd_dh_ws."""
     twin_bwd_dh_pipelined(q, k, do, Pg, Ag, fac, cu_seqlens, chunk_offsets, seq_order, chunk_skip, dht, dh_out,
-                          dvp_out, None, dh0_out, scale, has_skip)
+                          dvp_out, None, dh0_out, scale, has_skip, rows_with_skip=False)
 
 
 def twin_bwd_dh_pipelined(q, k, do, Pg, Ag, fac, cu_seqlens, chunk_offsets, seq_order, chunk_skip, dht, dh_out,
-                          dvp_out, dv_out, dh0_out, scale, has_skip):
+                          dvp_out, dv_out, dh0_out, scale, has_skip, rows_with_skip=True):
     """The reverse pass (sm100's blackwell/bwd_dh_pipelined.py; ``dv_out`` None: sm90's, `twin_bwd_dh`); with
     has_skip a (sequence, head) runs only its first m - chunk_skip[n, h] chunks, from dht at the end of the last
-    of them (common/bwd_h.reverse_run); the rows of the chunks it skips are left as they were."""
+    of them (common/bwd_h.reverse_run); the rows of the chunks it runs are stored as without (``rows_with_skip``:
+    the pipelined kernels) or not (sm90's bwd_dh_ws, `twin_bwd_dh`), those of the chunks it skips left as they
+    were."""
     C, H = Pg.shape[-1], do.shape[1]
     st = _Stager(dh_out.dtype)
     qf, kf, dof, Pgf, Agf = _expand_heads(q, H), _expand_heads(k, H), do.to(F64), Pg.to(F64), Ag.to(F64)
@@ -382,6 +385,8 @@ def twin_bwd_dh_pipelined(q, k, do, Pg, Ag, fac, cu_seqlens, chunk_offsets, seq_
                                             _chunk_rows(dof, t0, end, C), _chunk_rows(Pgf, t0, end, C),
                                             _chunk_rows(Agf, t0, end, C), e, r, egC, scale, st)
             dS = torch.where(run[:, None, None], dS_new, dS)
+            if has_skip and not rows_with_skip:  # sm90's bwd_dh_ws: the local passes keep only dh0
+                continue
             dh_out[off[n] + c, run] = dS_s[run].to(dh_out.dtype)
             dvp_out[t0:end, run] = dVp[run].movedim(0, 1)[: end - t0].to(dvp_out.dtype)
             if dv_out is not None:
@@ -429,8 +434,47 @@ def twin_bwd_chunk(q, k, v, do, dvp_dv, g_cumsum, beta, A, h, dh, chunk_bounds, 
     dk_out[tok] = dk_v.view(T, -1, G, K).sum(2)[tok].to(dk_out.dtype)
 
 
+def twin_bwd_fused(q, k, v, do, g_cumsum, beta, A, h, dht, chains, dq_out, dk_out, dv_out, dbeta_out, dg_out, dh0_out,
+                   scale):
+    """hopper/bwd_fused.py: per chain (bos, eos, first chunk's row of h) and v-head, the reverse pass from dht and
+    every per-chunk gradient, as `twin_bwd_dh` then `twin_bwd_chunk` over the chains' chunks (the kernel's rounding
+    points are theirs: dS and dV' staged, Pg and Ag formed in bf16 from fp32; only fp32 summation orders differ)."""
+    T, H, C = v.shape[0], v.shape[1], A.shape[-1]
+    rows = []
+    for bos, eos, cbase in chains.tolist():
+        rows += [(cbase + c, t0, min(t0 + C, eos)) for c, t0 in enumerate(range(bos, eos, C))]
+    n_rows = max((r for r, _, _ in rows), default=-1) + 1
+    bounds = torch.zeros(n_rows, 2, dtype=torch.int32)
+    for r, t0, end in rows:
+        bounds[r] = torch.tensor([t0, end])
+    Pg, Ag = torch.zeros(T, H, C, dtype=q.dtype), torch.zeros(T, H, C, dtype=q.dtype)
+    fac = torch.zeros(n_rows, H, 3, C, dtype=f32_buffers(q.dtype))
+    twin_bwd_prepare(q, k, g_cumsum, beta, A, bounds, Pg, Ag, fac, scale)
+    st = _Stager(h.dtype)
+    qf, kf, dof, Pgf, Agf = _expand_heads(q, H), _expand_heads(k, H), do.to(F64), Pg.to(F64), Ag.to(F64)
+    dh = torch.zeros(n_rows, *h.shape[1:], dtype=h.dtype)
+    dvp = torch.zeros(v.shape, dtype=v.dtype)
+    for n, (bos, eos, cbase) in enumerate(chains.tolist()):
+        dS = dht[n].to(F64)
+        starts = list(range(bos, eos, C))
+        for c in reversed(range(len(starts))):
+            t0, end = starts[c], min(starts[c] + C, eos)
+            e, r, _, egC = _factors(fac, cbase + c)
+            dS_s, dVp, _, dS = _emu_dh(dS, _chunk_rows(qf, t0, end, C), _chunk_rows(kf, t0, end, C),
+                                       _chunk_rows(dof, t0, end, C), _chunk_rows(Pgf, t0, end, C),
+                                       _chunk_rows(Agf, t0, end, C), e, r, egC, scale, st)
+            dh[cbase + c] = dS_s.to(dh.dtype)
+            dvp[t0:end] = dVp.movedim(0, 1)[: end - t0].to(dvp.dtype)
+        dh0_out[n] = dS.to(dh0_out.dtype)
+    twin_bwd_chunk(q, k, v, do, dvp, g_cumsum, beta, A, h, dh, bounds, dq_out, dk_out, dbeta_out, dg_out, scale)
+    for _, t0, end in rows:
+        dv_out[t0:end] = dvp[t0:end]
+
+
 # sm90's launch set (backward._kernels); sm100 runs bwd_state + bwd_intra in place of bwd_chunk
 KERNEL_TWINS = {"bwd_prepare": twin_bwd_prepare, "bwd_h": twin_bwd_h_pipelined, "bwd_dh": twin_bwd_dh,
                 "bwd_chunk": twin_bwd_chunk}
 # sm100's kernels where they differ: bwd_dh stores dv too, bwd_state + bwd_intra in place of bwd_chunk
 SM100_TWINS = {"bwd_dh": twin_bwd_dh_pipelined, "bwd_state": twin_bwd_state, "bwd_intra": twin_bwd_intra}
+# bwd_dh=fused (sm90): bwd_fused in place of bwd_chunk and the final reverse pass
+FUSED_TWINS = {"bwd_fused": twin_bwd_fused}

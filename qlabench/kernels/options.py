@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, fields
 CHOICES: dict[str, tuple[str, ...]] = {
     "cp": ("auto", "on", "off"),
     "fwd_kernel": ("auto", "pipelined", "simple", "ws", "wy"),
-    "bwd_dh": ("auto", "ws", "pipelined"),
+    "bwd_dh": ("auto", "ws", "pipelined", "fused"),
     "bwd_cp": ("auto", "on", "off"),
     "bwd_masks": ("forward", "recompute"),
 }
@@ -43,7 +43,9 @@ MEANING: dict[str, str] = {
     "cp": "intra-card context parallelism of the forward and its backward: auto (api.cp_rule: cp.py's plan "
           "on few chains over long sequences), on (cp.py's pieces wherever a sequence can be cut), off",
     "fwd_kernel": "forward chunk recurrence: auto (sm90: ws at V tile 32, wy at 64; else pipelined), ws, wy, pipelined, simple",
-    "bwd_dh": "backward reverse pass: auto (ws on sm90, else pipelined), ws (bwd_dh_ws, sm90 only), pipelined",
+    "bwd_dh": "backward reverse pass: auto (ws on sm90, else pipelined), ws (bwd_dh_ws, sm90 only), pipelined, "
+              "fused (the dS chain inside the per-chunk kernel, hopper/bwd_fused.py; sm90, H_v == H_qk; auto takes it on "
+              "CP backwards of <= 16 effective chains)",
     "bwd_cp": "CP of the backward when the forward ran without it (piece states recomputed): auto "
               "(api.bwd_cp_plan's rule), on, off",
     "bwd_masks": "the backward's gated masks Ag, Pg: forward (kkt_solve's, kept from the forward for its "

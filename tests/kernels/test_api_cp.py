@@ -94,6 +94,31 @@ def test_auto_with_a_backward_takes_the_training_entries(stubs, monkeypatch):
     assert _call(16384, 32, cu=[0, 12288, 16384], for_backward=True) == "plain"  # 42.7 effective chains
 
 
+def _piece_chunks(stubs) -> int:
+    """The piece length (chunks) of the last stubbed CP forward's plan: its longest piece."""
+    plan = stubs[-1][1]["plan"]
+    return max(-(-(eos - bos) // plan.chunk_size) for bos, eos, _ in plan.pieces)
+
+
+def test_training_plan_takes_longer_pieces_where_few_long_chains_run(stubs, monkeypatch):
+    """A forward whose backward follows cuts pieces twice as long (api.CP_ALPHA_LONG) where its longest sequence holds
+    at least half the tokens and the call has at most 12 effective chains, or 16 with a 32768-token sequence (measured
+    on the H200 in session 27); an inference forward, and the training forward elsewhere, keep cp.py's length."""
+    monkeypatch.delenv("QLABENCH_CP", raising=False)
+    assert _call(32768, 8, for_backward=True) == "cp" and _piece_chunks(stubs) == 32  # 8 chains: 6 sqrt(8*512/132)
+    assert _call(32768, 8) == "cp" and _piece_chunks(stubs) == 16  # the inference forward: 3 sqrt(...)
+    assert _call(8192, 4, cu=[0, 5809, 7053, 8192], for_backward=True) == "cp" and _piece_chunks(stubs) == 16
+    assert _call(32768, 4, cu=[0, 7212, 14284, 28009, 32768], for_backward=True) == "cp"  # Be 2.4: 9.5 chains
+    assert _piece_chunks(stubs) == 16
+    assert _call(32768, 16, for_backward=True) == "cp" and _piece_chunks(stubs) == 64  # 16 chains of 32768 tokens
+    assert _call(8192, 16, for_backward=True) == "cp" and _piece_chunks(stubs) == 16  # 16 chains of 8192: cp.py's
+    assert _call(32768, 16, cu=[0, 7168, 32768], for_backward=True) == "cp"  # 20.5 chains: cp.py's length
+    assert _piece_chunks(stubs) == 32
+    assert api.training_alpha(12, 8, 4096) == api.CP_ALPHA_LONG and api.training_alpha(12.5, 8, 4096) == 3
+    assert api.training_alpha(8, 4, 4096) == api.CP_ALPHA_LONG and api.training_alpha(8.5, 4, 32768) == 3  # Be 2
+    assert api.training_alpha(16, 16, 32768) == api.CP_ALPHA_LONG and api.training_alpha(16, 16, 32767) == 3
+
+
 def test_off_and_on(stubs, monkeypatch):
     monkeypatch.setenv("QLABENCH_CP", "off")
     assert _call(32768, 8) == "plain"

@@ -61,7 +61,7 @@ def test_parse_errors_name_the_key_and_value(spec, match):
 
 
 def test_constructor_and_dict_validate():
-    with pytest.raises(ValueError, match=r"bwd_dh must be one of auto, ws, pipelined, got 'fast'"):
+    with pytest.raises(ValueError, match=r"bwd_dh must be one of auto, ws, pipelined, fused, got 'fast'"):
         KernelOptions(bwd_dh="fast")
     with pytest.raises(ValueError, match=r"unknown kernel option 'split'"):
         KernelOptions.from_dict({"split": "2"})

@@ -1,0 +1,397 @@
+"""bwd_fused: bwd_chunk's per-chunk gradients with the state gradient dS carried on chip, one block per (chain, v-head)
+walking its chunks from the last to the first (Hopper, sm_90a). The API takes it on CP backwards of few chains with
+H_v == H_qk (backward.cp_dh_choice; KernelOptions.bwd_dh = fused forces it), bwd_chunk elsewhere.
+
+Why (results/h200/NOTES.md, session 27's view, item 4): the dh pass stores dh (K x V bf16) and dV' for every
+(chunk, v-head) and bwd_chunk reads them back, ~96 KB per item that this kernel does not move; and dh is the buffer
+that keeps the hk16_hv16 rows' peak memory over 1.25x flash-qla's (256 MiB at 1x32768).
+
+Formula per chunk (bwd_chunk.py's header, with dS and dV' formed here instead of loaded; Pg = scale Gam .* P,
+P = Q K^T, r = exp(gam_C - gam) (0 past the chunk's end), e_C = exp(gam_C), eDO = scale diag(e) dO):
+
+    dV' = diag(r) K dS + Pg^T dO          (fp32, then bf16: bwd_dh_ws's rounding points)
+    ... every gradient of bwd_chunk.py from S0 = h[c], dS, dV' ...
+    dS  <- e_C dS + K^T dU + Q^T eDO      (dU = -diag(e) Ag^T dV', bf16, as bwd_chunk forms it)
+    after the chain's first chunk: dh0 = dS (fp32)
+
+The dS chain is separable by V columns: column half j of dV', dv, dU and of the next dS reads only column half j
+of dS and dO. bwd_chunk already forms U, dv, dU, W and V' on column halves, one per warpgroup, so here each
+warpgroup also owns its half of dS in registers (K x V / 2 fp32: 64 per thread) and runs its half of the chain;
+no third warpgroup, no hand-off of the state.
+
+Grid: (n_chains, H_v), one block per (chain, v-head); chain_bounds[n] = (bos, eos, cbase): the chain's token range
+(chunk-aligned bos) and the row of h holding its first chunk's start state. dht[n] is the gradient at the chain's
+end (fp32, [K, V]); dh0[n] receives the gradient at its start. GQA (H_v > H_qk) is not supported yet: per-v-head
+dq / dk would need a group reduction. Threads: 256 (two warpgroups, as bwd_chunk).
+
+Per chunk, each warpgroup w (named barriers at 256 threads between steps, as bwd_chunk):
+  * BAR_TOP (both done with the previous chunk); warpgroup 0 issues the chunk's TMA loads: ld[0] = Q, K, S0;
+    ld[1] = V, A, dO; each writes bf16(dS half) into dS_s and loads its half of gam, beta; a partial chunk's rows
+    past the end are zeroed by row halves; BAR_LOADED.
+  * U = K S0, K dS and P = Q K^T on its halves (in flight together); Ag and Pg of its C x C columns (BAR_AG).
+  * dV' = r .* K dS + Pg^T dO on its V columns -> dV'_s; then bwd_chunk's steps: dv = Ag^T dV' (stored), dU, W,
+    V' = Ag W, dAb, dPg, X, Y, dA, dP, colsum(Y) (BAR_W, BAR_VP, BAR_MASKS).
+  * The chain's end on its half: eDO -> dV'_s's columns (dV' is dead past BAR_MASKS), then dS = e_C dS + K^T dU +
+    Q^T eDO (wgmma into the dS registers), in flight under the branch's work.
+  * Warpgroup 0: dq and the WY-inverse terms and the dg / dbeta tail; warpgroup 1: dk (bwd_chunk's branches).
+    dq, dk are stored per chunk through the staging tiles (dO_s, V'_s).
+Shared memory: bwd_chunk's 220 KB (no new tile: Pg lives in dP_s until dP is formed, eDO in dV'_s once dV' is dead).
+Registers: bwd_chunk's + the dS half (64 per thread); the per-chunk dq / dk replace the group sums.
+"""
+
+import functools
+
+import tilelang.language as T
+
+from ..common.build import compile_for
+from ..common.bwd_intra import wy_inverse_grad
+from ..common.bwd_state import kt1_terms, sv_rows
+from .bwd_chunk import (
+    BAR_AG,
+    BAR_HANDOFF,
+    BAR_LOADED,
+    BAR_LOCAL,
+    BAR_MASKS,
+    BAR_TOP,
+    BAR_VP,
+    BAR_W,
+    BAR_XREAD,
+    F_PAD,
+)
+
+
+@functools.cache
+def bwd_fused_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, arch: str):
+    assert K == V == 2 * C, "the halves below split K, V and C rows / columns evenly"
+    if h_v != h_qk:
+        raise ValueError(f"bwd_fused supports H_v == H_qk only (no GQA reduction yet), got {h_qk}, {h_v}")
+    HV = V // 2
+    HC = C // 2
+    n_tok = T.dynamic("n_tok")
+    n_chains = T.dynamic("n_chains")
+    n_hc = T.dynamic("n_hc")
+
+    @T.macro
+    def chunk_part(w: int, lt, cr, ld, q, k, v, do, dv_out, A, h, g_cumsum, beta, Q_s, K_s, V_s, dO_s, dVp_s, dU_s,
+                   Vp_s, A_s, Ag_s, S0_s, dS_s, dP_s, F_s, gam_s, beta_s, dgu_s, dbc_s, dS_f, U_f, kds_f, prod_f,
+                   red_f, cc_f, dpg_f, p_f, x_f, gam_last: T.Ref, colsum: T.Ref, hc, t0, end, hv, scale):
+        """Warpgroup w's half of the chunk's shared steps and of the dS chain."""
+        T.fence_proxy_async()  # this thread's generic writes of the last chunk before the next TMA writes
+        T.sync_threads(BAR_TOP, 256)
+        if w == 0:
+            T.tma_copy(q[t0:t0 + C, hv, :], Q_s, barrier=ld[0])
+            T.tma_copy(k[t0:t0 + C, hv, :], K_s, barrier=ld[0])
+            T.tma_copy(h[hc, hv, :, :], S0_s, barrier=ld[0])
+            T.tma_copy(v[t0:t0 + C, hv, :], V_s, barrier=ld[1])
+            T.tma_copy(A[t0:t0 + C, hv, :], A_s, barrier=ld[1])
+            T.tma_copy(do[t0:t0 + C, hv, :], dO_s, barrier=ld[1])
+            T.mbarrier_arrive(ld[0])
+            T.mbarrier_arrive(ld[1])
+        for i in T.Parallel(HC):
+            gam_s[w * HC + i] = g_cumsum[T.min(t0 + w * HC + i, end - 1), hv]
+            beta_s[w * HC + i] = T.if_then_else(t0 + w * HC + i < end, beta[t0 + w * HC + i, hv], 0.0)
+        T.copy(dS_f, dS_s[:, w * HV:(w + 1) * HV])  # bf16 of this half of the chunk-end gradient
+        T.mbarrier_wait_parity(ld[0], cr & 1)
+        T.mbarrier_wait_parity(ld[1], cr & 1)
+        if end - t0 < C:  # a partial chunk (only a sequence's last): its rows past the end, this warpgroup's half
+            for i, d in T.Parallel(HC, K):
+                if t0 + w * HC + i >= end:
+                    Q_s[w * HC + i, d] = T.cast(0, dtype)
+                    K_s[w * HC + i, d] = T.cast(0, dtype)
+                    V_s[w * HC + i, d] = T.cast(0, dtype)
+                    dO_s[w * HC + i, d] = T.cast(0, dtype)
+            for i, j in T.Parallel(HC, C):
+                if t0 + w * HC + i >= end:
+                    A_s[w * HC + i, j] = T.cast(0, dtype)
+        T.fence_proxy_async()
+        T.sync_threads(BAR_LOADED, 256)
+        gam_last = gam_s[C - 1]
+        # U = K S0, K dS on this half of the V columns, P = Q K^T on this half of the C columns: in flight together
+        T.wgmma_gemm(K_s, S0_s[:, w * HV:(w + 1) * HV], U_f, clear_accum=True)
+        T.wgmma_gemm(K_s, dS_s[:, w * HV:(w + 1) * HV], kds_f, clear_accum=True)
+        T.wgmma_gemm(Q_s, K_s[w * HC:(w + 1) * HC, :], p_f, transpose_B=True, clear_accum=True)
+        # Ag = Gam .* A .* beta_col on this half's columns
+        for i, j in T.Parallel(C, HC):
+            x_f[i, j] = (T.if_then_else(w * HC + j <= i, T.exp(gam_s[i] - gam_s[w * HC + j]), 0.0)
+                         * A_s[i, w * HC + j] * beta_s[w * HC + j])
+        T.copy(x_f, Ag_s[:, w * HC:(w + 1) * HC])
+        T.wait_wgmma(0)
+        # Pg = scale Gam .* P (rows past the end zero) into dP_s until dP is formed; P stays in p_f for X
+        for i, j in T.Parallel(C, HC):
+            x_f[i, j] = scale * T.if_then_else(w * HC + j <= i and t0 + i < end,
+                                               T.exp(gam_s[i] - gam_s[w * HC + j]), 0.0) * p_f[i, j]
+        T.copy(x_f, dP_s[:, w * HC:(w + 1) * HC])
+        T.fence_proxy_async()
+        T.sync_threads(BAR_AG, 256)
+        # dV' = r .* (K dS) + Pg^T dO on this half of the V columns (fp32, then bf16)
+        T.wgmma_gemm(dP_s, dO_s[:, w * HV:(w + 1) * HV], prod_f, transpose_A=True, clear_accum=True)
+        T.wait_wgmma(0)
+        for i, j in T.Parallel(C, HV):
+            prod_f[i, j] = prod_f[i, j] + T.if_then_else(t0 + i < end, T.exp(gam_last - gam_s[i]), 0.0) * kds_f[i, j]
+        T.copy(prod_f, dVp_s[:, w * HV:(w + 1) * HV])
+        T.fence_proxy_async()
+        T.sync_threads(BAR_LOCAL[w], 128)
+        # dv = Ag^T dV' on this half, out through dU_s's columns (free until dU is written)
+        T.wgmma_gemm(Ag_s, dVp_s[:, w * HV:(w + 1) * HV], prod_f, transpose_A=True, clear_accum=True)
+        T.wait_wgmma(0)
+        T.copy(prod_f, dU_s[:, w * HV:(w + 1) * HV])
+        T.sync_threads(BAR_LOCAL[w], 128)
+        for i, j in T.Parallel(C, HV):
+            if t0 + i < end:
+                dv_out[t0 + i, hv, w * HV + j] = dU_s[i, w * HV + j]
+        T.sync_threads(BAR_LOCAL[w], 128)
+        # dU = -diag(e) dv; dgam's e-term partial rowdot(dU, U); W = V - diag(e) U
+        for i, j in T.Parallel(C, HV):
+            prod_f[i, j] = -T.exp(gam_s[i]) * prod_f[i, j]
+        T.copy(prod_f, dU_s[:, w * HV:(w + 1) * HV])
+        for i, j in T.Parallel(C, HV):
+            prod_f[i, j] = prod_f[i, j] * U_f[i, j]
+        T.reduce_sum(prod_f, red_f, dim=1)
+        for i in T.Parallel(C):
+            dgu_s[w, i] = red_f[i]
+        for i, j in T.Parallel(C, HV):
+            U_f[i, j] = V_s[i, w * HV + j] - T.exp(gam_s[i]) * U_f[i, j]
+        T.copy(U_f, V_s[:, w * HV:(w + 1) * HV])
+        T.fence_proxy_async()
+        T.sync_threads(BAR_W, 256)
+        # V' = Ag W on this half of the columns
+        T.wgmma_gemm(Ag_s, V_s[:, w * HV:(w + 1) * HV], U_f, clear_accum=True)
+        T.wait_wgmma(0)
+        for i, j in T.Parallel(C, HV):
+            Vp_s[i, w * HV + j] = T.cast(U_f[i, j], dtype)
+        T.fence_proxy_async()
+        T.sync_threads(BAR_VP, 256)
+        # this half's columns of dAb = Gam .* dV' W^T and dPg = dO V'^T (P is in p_f already)
+        T.wgmma_gemm(dVp_s, V_s[w * HC:(w + 1) * HC, :], cc_f, transpose_B=True, clear_accum=True)
+        T.wgmma_gemm(dO_s, Vp_s[w * HC:(w + 1) * HC, :], dpg_f, transpose_B=True, clear_accum=True)
+        T.wait_wgmma(0)
+        for i, j in T.Parallel(C, HC):
+            dec = T.if_then_else(w * HC + j <= i and t0 + i < end, T.exp(gam_s[i] - gam_s[w * HC + j]), 0.0)
+            x_f[i, j] = (dec * cc_f[i, j] * A_s[i, w * HC + j] * beta_s[w * HC + j]
+                         + scale * dec * p_f[i, j] * dpg_f[i, j])  # X
+            p_f[i, j] = dec * cc_f[i, j] * A_s[i, w * HC + j]  # Y
+            cc_f[i, j] = dec * cc_f[i, j] * beta_s[w * HC + j]  # dA
+            dpg_f[i, j] = scale * dec * dpg_f[i, j]  # dP
+        T.copy(p_f, F_s[:, w * HC:(w + 1) * HC])
+        T.copy(cc_f, Ag_s[:, w * HC:(w + 1) * HC])
+        T.copy(dpg_f, dP_s[:, w * HC:(w + 1) * HC])  # Pg's last reader (dV') is past BAR_W
+        T.sync_threads(BAR_LOCAL[w], 128)
+        colsum = 0.0
+        for r in T.serial(C // 4):
+            colsum = colsum + F_s[(lt & 3) * (C // 4) + r, w * HC + (lt >> 2)]
+        colsum = colsum + T.shfl_xor(colsum, 1)
+        colsum = colsum + T.shfl_xor(colsum, 2)
+        if (lt & 3) == 0:
+            dbc_s[w * HC + (lt >> 2)] = colsum
+        T.sync_threads(BAR_LOCAL[w], 128)
+        for i, j in T.Parallel(C, HC):
+            F_s[i, w * HC + j] = x_f[i, j]
+        T.fence_proxy_async()
+        T.sync_threads(BAR_MASKS, 256)
+        # the chain's end on this half: eDO into dV'_s's columns (dV' is dead: dAb has read it), then
+        # dS = e_C dS + K^T dU + Q^T eDO, in flight under the branch's work
+        for i, j in T.Parallel(C, HV):
+            dVp_s[i, w * HV + j] = T.cast(T.if_then_else(t0 + i < end, scale * T.exp(gam_s[i]), 0.0)
+                                          * dO_s[i, w * HV + j], dtype)
+        T.fence_proxy_async()
+        T.sync_threads(BAR_LOCAL[w], 128)
+        for i, j in T.Parallel(K, HV):
+            dS_f[i, j] = T.exp(gam_last) * dS_f[i, j]
+        T.wgmma_gemm(K_s, dU_s[:, w * HV:(w + 1) * HV], dS_f, transpose_A=True)
+        T.wgmma_gemm(Q_s, dVp_s[:, w * HV:(w + 1) * HV], dS_f, transpose_A=True)
+
+    @T.macro
+    def dg_tail(lt, gam_last: T.Ref, tail: T.Ref, rowsum: T.Ref, hv, sv_s, kt1_s, dgu_s, dgq_s, dgm_s, dgam_s,
+                dbc_s, dbr_s, dg_out, dbeta_out, t0, end):
+        """bwd_chunk.py's dg_tail (the same sums, the same thread pairs)."""
+        tail = 0.0
+        for jj in T.serial(HC):
+            tail = tail + (T.exp(gam_last) * sv_s[(lt & 1) * HC + jj]
+                           + T.if_then_else(t0 + (lt & 1) * HC + jj < end - 1, kt1_s[(lt & 1) * HC + jj], 0.0))
+        tail = tail + T.shfl_xor(tail, 1)
+        if (lt & 1) == 0:
+            dgam_s[lt >> 1] = T.if_then_else(
+                t0 + (lt >> 1) < end,
+                dgu_s[0, lt >> 1] + dgu_s[1, lt >> 1]
+                + T.if_then_else(t0 + (lt >> 1) == end - 1, tail, -kt1_s[lt >> 1])
+                + dgq_s[lt >> 1] + dgm_s[lt >> 1], 0.0)
+        T.sync_threads(BAR_LOCAL[0], 128)
+        rowsum = 0.0
+        for jj in T.serial(HC):
+            rowsum = rowsum + T.if_then_else((lt & 1) * HC + jj >= (lt >> 1), dgam_s[(lt & 1) * HC + jj], 0.0)
+        rowsum = rowsum + T.shfl_xor(rowsum, 1)
+        if (lt & 1) == 0 and t0 + (lt >> 1) < end:
+            dg_out[t0 + (lt >> 1), hv] = rowsum
+            dbeta_out[t0 + (lt >> 1), hv] = dbc_s[lt >> 1] + dbr_s[lt >> 1]
+
+    @T.macro
+    def store_rows(w: int, acc, stage_s, out, t0, end, hv):
+        """Warpgroup w's dq or dk of the chunk in the inputs' dtype, through a tile no one reads any more."""
+        T.copy(acc, stage_s)
+        T.sync_threads(BAR_LOCAL[w], 128)
+        for i, j in T.Parallel(C, K):
+            if t0 + i < end:
+                out[t0 + i, hv, j] = stage_s[i, j]
+
+    @T.prim_func
+    def bwd_fused(
+        q: T.Tensor((n_tok, h_qk, K), dtype),
+        k: T.Tensor((n_tok, h_qk, K), dtype),
+        v: T.Tensor((n_tok, h_v, V), dtype),
+        do: T.Tensor((n_tok, h_v, V), dtype),
+        g_cumsum: T.Tensor((n_tok, h_v), "float32"),
+        beta: T.Tensor((n_tok, h_v), "float32"),
+        A: T.Tensor((n_tok, h_v, C), dtype),
+        h: T.Tensor((n_hc, h_v, K, V), dtype),
+        dht: T.Tensor((n_chains, h_v, K, V), "float32"),
+        chain_bounds: T.Tensor((n_chains, 3), "int32"),
+        dq_out: T.Tensor((n_tok, h_qk, K), dtype),
+        dk_out: T.Tensor((n_tok, h_qk, K), dtype),
+        dv_out: T.Tensor((n_tok, h_v, V), dtype),
+        dbeta_out: T.Tensor((n_tok, h_v), "float32"),
+        dg_out: T.Tensor((n_tok, h_v), "float32"),
+        dh0_out: T.Tensor((n_chains, h_v, K, V), "float32"),
+        scale: T.float32,
+    ):
+        with T.Kernel(n_chains, h_v, threads=256) as (n, hv):
+            Q_s = T.alloc_shared((C, K), dtype)
+            K_s = T.alloc_shared((C, K), dtype)
+            V_s = T.alloc_shared((C, V), dtype)  # V, then W; then T1 (columns 0..C-1) and dAs (C..2C-1)
+            dO_s = T.alloc_shared((C, V), dtype)
+            dVp_s = T.alloc_shared((C, V), dtype)  # dV', then eDO
+            dU_s = T.alloc_shared((C, V), dtype)
+            Vp_s = T.alloc_shared((C, V), dtype)
+            S0_s = T.alloc_shared((K, V), dtype)
+            dS_s = T.alloc_shared((K, V), dtype)
+            A_s = T.alloc_shared((C, C), dtype)
+            Ag_s = T.alloc_shared((C, C), dtype)  # Ag, then dA
+            dP_s = T.alloc_shared((C, C), dtype)  # Pg, then dP
+            F_s = T.alloc_shared((C, C + F_PAD), "float32")  # Y, then X, then dM
+            gam_s = T.alloc_shared((C,), "float32")
+            beta_s = T.alloc_shared((C,), "float32")
+            dgu_s = T.alloc_shared((2, C), "float32")
+            kt1_s = T.alloc_shared((C,), "float32")
+            sv_s = T.alloc_shared((C,), "float32")
+            dgam_s = T.alloc_shared((C,), "float32")
+            dgq_s = T.alloc_shared((C,), "float32")
+            dgm_s = T.alloc_shared((C,), "float32")
+            dbc_s = T.alloc_shared((C,), "float32")
+            dbr_s = T.alloc_shared((C,), "float32")
+            ld = T.alloc_barrier([128, 128])  # a chunk's tiles in two stages
+            # warpgroup 0
+            dS0 = T.alloc_fragment((K, HV), "float32")  # dS, columns 0 .. HV - 1
+            U0 = T.alloc_fragment((C, HV), "float32")
+            kds0 = T.alloc_fragment((C, HV), "float32")
+            prod0 = T.alloc_fragment((C, HV), "float32")
+            red0 = T.alloc_fragment((C,), "float32")
+            cc0 = T.alloc_fragment((C, HC), "float32")
+            dpg0 = T.alloc_fragment((C, HC), "float32")
+            p0 = T.alloc_fragment((C, HC), "float32")
+            x0 = T.alloc_fragment((C, HC), "float32")
+            dq_f = T.alloc_fragment((C, K), "float32")
+            acc0 = T.alloc_fragment((C, K), "float32")
+            T1_f = T.alloc_fragment((C, C), "float32")
+            T2_f = T.alloc_fragment((C, C), "float32")
+            KK_f = T.alloc_fragment((C, C), "float32")
+            red0q = T.alloc_fragment((C,), "float32")
+            red0b = T.alloc_fragment((C,), "float32")
+            # warpgroup 1
+            dS1 = T.alloc_fragment((K, HV), "float32")  # dS, columns HV .. V - 1
+            U1 = T.alloc_fragment((C, HV), "float32")
+            kds1 = T.alloc_fragment((C, HV), "float32")
+            prod1 = T.alloc_fragment((C, HV), "float32")
+            red1 = T.alloc_fragment((C,), "float32")
+            cc1 = T.alloc_fragment((C, HC), "float32")
+            dpg1 = T.alloc_fragment((C, HC), "float32")
+            p1 = T.alloc_fragment((C, HC), "float32")
+            x1 = T.alloc_fragment((C, HC), "float32")
+            dk_f = T.alloc_fragment((C, K), "float32")
+            acc1 = T.alloc_fragment((C, K), "float32")
+            red1k = T.alloc_fragment((C,), "float32")
+            red1s = T.alloc_fragment((C,), "float32")
+            red1m = T.alloc_fragment((C,), "float32")
+            gam_last0 = T.alloc_var("float32")
+            gam_last1 = T.alloc_var("float32")
+            colsum0 = T.alloc_var("float32")
+            colsum1 = T.alloc_var("float32")
+            tail = T.alloc_var("float32")
+            rowsum = T.alloc_var("float32")
+
+            tx = T.get_thread_binding()
+            bos = chain_bounds[n, 0]
+            eos = chain_bounds[n, 1]
+            cbase = chain_bounds[n, 2]
+            n_run = T.ceildiv(eos - bos, C)
+
+            if tx < 128:
+                T.copy(dht[n, hv, :, 0:HV], dS0)
+                for cr in T.serial(n_run):
+                    c = n_run - 1 - cr
+                    t0 = bos + c * C
+                    end = T.min(eos, t0 + C)
+                    chunk_part(0, tx, cr, ld, q, k, v, do, dv_out, A, h, g_cumsum, beta, Q_s, K_s, V_s, dO_s, dVp_s,
+                               dU_s, Vp_s, A_s, Ag_s, S0_s, dS_s, dP_s, F_s, gam_s, beta_s, dgu_s, dbc_s, dS0, U0,
+                               kds0, prod0, red0, cc0, dpg0, p0, x0, gam_last0, colsum0, cbase + c, t0, end, hv,
+                               scale)
+                    # dq = scale diag(e) dO S0^T + dP K; rowdot(Q, dq0) for dgam
+                    T.gemm(dO_s, S0_s, acc0, transpose_B=True, clear_accum=True)
+                    for i, j in T.Parallel(C, K):
+                        acc0[i, j] = scale * T.exp(gam_s[i]) * acc0[i, j]
+                        dq_f[i, j] = acc0[i, j]
+                    for i, j in T.Parallel(C, K):
+                        acc0[i, j] = Q_s[i, j] * acc0[i, j]
+                    T.reduce_sum(acc0, red0q, dim=1)
+                    for i in T.Parallel(C):
+                        dgq_s[i] = red0q[i]
+                    T.wgmma_gemm(dP_s, K_s, dq_f)
+                    T.wgmma_gemm(A_s, Ag_s, T1_f, transpose_A=True, clear_accum=True)
+                    T.wait_wgmma(0)
+                    for i, j in T.Parallel(C, C):
+                        V_s[i, j] = T.cast(T1_f[i, j], dtype)
+                    T.fence_proxy_async()
+                    T.sync_threads(BAR_LOCAL[0], 128)
+                    T.wgmma_gemm(V_s[:, 0:C], A_s, T2_f, transpose_B=True, clear_accum=True)
+                    T.wgmma_gemm(K_s, K_s, KK_f, transpose_B=True, clear_accum=True)
+                    T.wait_wgmma(0)
+                    T.sync_threads(BAR_XREAD, 256)
+                    wy_inverse_grad(T2_f, KK_f, beta_s, KK_f, red0b, F_s, dbr_s, V_s, C, dtype, C)
+                    T.fence_proxy_async()
+                    T.sync_threads(BAR_HANDOFF, 256)
+                    dg_tail(tx, gam_last0, tail, rowsum, hv, sv_s, kt1_s, dgu_s, dgq_s, dgm_s, dgam_s,
+                            dbc_s, dbr_s, dg_out, dbeta_out, t0, end)
+                    store_rows(0, dq_f, dO_s, dq_out, t0, end, hv)
+                T.copy(dS0, dh0_out[n, hv, :, 0:HV])
+            else:
+                T.copy(dht[n, hv, :, HV:V], dS1)
+                for cr in T.serial(n_run):
+                    c = n_run - 1 - cr
+                    t0 = bos + c * C
+                    end = T.min(eos, t0 + C)
+                    chunk_part(1, tx - 128, cr, ld, q, k, v, do, dv_out, A, h, g_cumsum, beta, Q_s, K_s, V_s, dO_s,
+                               dVp_s, dU_s, Vp_s, A_s, Ag_s, S0_s, dS_s, dP_s, F_s, gam_s, beta_s, dgu_s, dbc_s, dS1,
+                               U1, kds1, prod1, red1, cc1, dpg1, p1, x1, gam_last1, colsum1, cbase + c, t0, end, hv,
+                               scale)
+                    for i, j in T.Parallel(C, HC):
+                        cc1[i, j] = F_s[i, j] - F_s[j, i]
+                    T.reduce_sum(cc1, red1m, dim=1)
+                    for i, j in T.Parallel(C, HC):
+                        cc1[i, j] = F_s[i, HC + j] - F_s[HC + j, i]
+                    T.reduce_sum(cc1, red1m, dim=1, clear=False)
+                    for i in T.Parallel(C):
+                        dgm_s[i] = red1m[i]
+                    T.named_barrier_arrive(BAR_XREAD, 256)
+                    # dk = r .* (V' dS^T) + dU S0^T + dP^T Q (+ dAs K after the hand-off), with the r-terms of dgam
+                    T.gemm(Vp_s, dS_s, acc1, transpose_B=True, clear_accum=True)
+                    for i, j in T.Parallel(C, K):
+                        dk_f[i, j] = T.exp(gam_last1 - gam_s[i]) * acc1[i, j]
+                    kt1_terms(K_s, acc1, gam_s, gam_last1, acc1, red1k, kt1_s, C, K)
+                    T.wgmma_gemm(dU_s, S0_s, dk_f, transpose_B=True)
+                    T.wgmma_gemm(dP_s, Q_s, dk_f, transpose_A=True)
+                    T.wait_wgmma(0)
+                    sv_rows(S0_s, dS_s, acc1, red1s, sv_s, C, V)
+                    T.sync_threads(BAR_HANDOFF, 256)
+                    T.gemm(V_s[:, C:2 * C], K_s, dk_f)
+                    store_rows(1, dk_f, Vp_s, dk_out, t0, end, hv)
+                T.copy(dS1, dh0_out[n, hv, :, HV:V])
+
+    return compile_for(bwd_fused, arch)

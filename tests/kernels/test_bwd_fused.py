@@ -1,0 +1,123 @@
+"""bwd_dh=fused's host orchestration (backward._bwd_fused, backward_cp's fused branch) on the float64 twins, without a
+GPU: the same gradients as the reference autograd, on the plain path and over CP pieces (bwd_fused from each piece's
+end gradient); the kernel itself (hopper/bwd_fused.py) compiles on the CPU, its GPU check is test_bwd_fused_gpu.py."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from qlabench.kernels import backward
+from qlabench.kernels.backward_cp import BackwardCPKernels, _bwd_cp
+from qlabench.kernels.cp import plan_cp
+from qlabench.kernels.emulate_bwd import FUSED_TWINS, KERNEL_TWINS
+from qlabench.kernels.emulate_fwd import TWIN_KERNELS
+from qlabench.kernels.validate import validate
+
+from .test_backward_cp import EXACT, NAMES, _assert_close, _problem
+
+FUSED = {**{n: f for n, f in KERNEL_TWINS.items() if n != "bwd_chunk"}, **FUSED_TWINS}
+PLAIN = 1e-6  # the plain backward stages beta in fp32 (backward._bwd_impl) even on float64 inputs
+
+
+def _problem_args(args):
+    return validate(args["q"], args["k"], args["v"], args["g_cumsum"], args["beta"], None, args["initial_state"],
+                    args["cu_seqlens"], args["state_v_first"])
+
+
+def _plain(args, kernels):
+    p = _problem_args(args)
+    return dict(zip(NAMES, backward._bwd_impl(
+        p, args["q"], args["k"], args["v"], args["g_cumsum"], args["beta"], args["A"], args["do"], args["dht"],
+        args["initial_state"], args["cu_seqlens"], args["state_v_first"], args["C"], kernels)))
+
+
+def _cp(args, L, kernels, calls=None):
+    p = _problem_args(args)
+    plan = plan_cp(args["cu_seqlens"], heads=p.h_v, sm_count=132, chunk_size=args["C"], B=p.B, T=p.T,
+                   piece_chunks=L, enable=True)
+    arch = types.SimpleNamespace(name="sm90", chunk_size=args["C"])
+    bwd = kernels if calls is None else {n: _logged(n, f, calls) for n, f in kernels.items()}
+    got = _bwd_cp(p, args["q"], args["k"], args["v"], args["g_cumsum"], args["beta"], args["A"], args["do"],
+                  args["dht"], args["initial_state"], args["cu_seqlens"], args["state_v_first"], plan, -10.0, "auto",
+                  None, BackwardCPKernels(bwd, TWIN_KERNELS["correct"], _twin_forward()), arch, 132)
+    return dict(zip(NAMES, got)), plan
+
+
+def _twin_forward():
+    from qlabench.kernels.forward_cp import ForwardKernels
+
+    return ForwardKernels(**TWIN_KERNELS)
+
+
+def _logged(name, fn, calls):
+    def launch(*a):
+        calls.append(name)
+        return fn(*a)
+    return launch
+
+
+@pytest.mark.parametrize("case", ["dense-h0", "varlen-tail-dht"])
+def test_plain_fused_matches_the_reference(case):
+    if case == "dense-h0":
+        want, args = _problem(70, 2, 2, B=2, h0=True, seed=3)  # 9 chunks of 8, the last partial
+    else:  # long, empty, 1 token, partial; a padding tail past cu[-1]
+        want, args = _problem(120, 2, 2, cu=[0, 61, 61, 62, 100], h0=True, gates=["strong", "moderate"], seed=4)
+    got = _plain(args, FUSED)
+    _assert_close(got, want, PLAIN, "fused vs reference autograd: ")
+    if args["cu_seqlens"] is not None:
+        for name in ("dq", "dk", "dv", "dbeta", "dg"):
+            assert (got[name].flatten(0, 1)[100:] == 0).all(), f"{name} not zero on the padding tail"
+
+
+def test_cp_fused_runs_no_final_reverse_pass_and_matches():
+    """Over CP pieces bwd_fused starts every piece from its corrected end gradient: the local pass still runs, the
+    final reverse pass and bwd_chunk do not, and the gradients are the reference's."""
+    want, args = _problem(300, 2, 2, h0=True, seed=5)  # 38 chunks of 8: 10 pieces of 4, partial last chunk
+    calls = []
+    got, plan = _cp(args, 4, FUSED, calls)
+    assert plan.enabled and plan.n_pieces == 10
+    assert calls.count("bwd_dh") == 1 and calls.count("bwd_fused") == 1 and "bwd_chunk" not in calls
+    _assert_close(got, want, EXACT, "fused CP vs reference autograd: ")
+
+
+def test_bf16_staging_fused_matches_the_default_kernels():
+    """With the kernels' bf16 staging, bwd_dh=fused gives the default kernels' gradients (same rounding points)."""
+    _, args = _problem(300, 2, 2, cu=[0, 230, 240, 290], h0=True, seed=9, dtype=torch.bfloat16)
+    got, default = _plain(args, FUSED), _plain(args, KERNEL_TWINS)
+    for name in NAMES:
+        assert torch.equal(got[name], default[name]), name
+    got_cp, _ = _cp(args, 2, FUSED)
+    default_cp, _ = _cp(args, 2, KERNEL_TWINS)
+    for name in NAMES:
+        assert torch.equal(got_cp[name], default_cp[name]), name
+
+
+def test_fused_needs_one_v_head_per_qk_head():
+    with pytest.raises(ValueError, match="H_v == H_qk"):
+        backward._kernels(2, 4, "bfloat16", "sm90", 64, "fused")
+
+
+def test_auto_takes_fused_on_cp_backwards_of_few_chains():
+    """bwd_dh=auto (backward.cp_dh_choice): bwd_fused for a CP backward of <= FUSED_MAX_CHAINS effective chains with
+    H_v == H_qk on sm90 (measured in session 28); bwd_chunk with GQA, more chains, sm100, or another bwd_dh."""
+    from qlabench.kernels.dispatch import arch_by_name
+
+    sm90, sm100 = arch_by_name("sm90"), arch_by_name("sm100")
+
+    def choice(cu, h_qk, h_v, arch=sm90, bwd_dh=None):
+        plan = plan_cp(torch.tensor(cu, dtype=torch.int32), heads=h_v, sm_count=132, chunk_size=64)
+        assert plan.enabled
+        return backward.cp_dh_choice(arch, h_qk, h_v, plan, bwd_dh)
+
+    assert backward.FUSED_MAX_CHAINS == 16
+    assert choice([0, 32768], 16, 16) == "fused"  # 16 chains: 32k_1seq
+    assert choice([0, 8192], 16, 16) == "fused"
+    assert choice([0, 30720, 32768], 15, 15) == "fused"  # 15 x 512 / 480 = 16 effective chains
+    assert choice([0, 7053, 8192], 16, 16) == "auto"  # 18.6 effective chains: 8k_2seq tied
+    assert choice([0, 32768], 16, 32) == "auto"  # GQA: no group reduction in bwd_fused
+    assert choice([0, 32768], 16, 16, sm100) == "auto"
+    assert choice([0, 32768], 16, 16, bwd_dh="ws") == "ws"
+    assert choice([0, 32768], 16, 16, bwd_dh="fused") == "fused"
