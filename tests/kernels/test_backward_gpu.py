@@ -168,16 +168,13 @@ def test_strong_decay_long(nan_buffers):
     check_backward(make_inputs(2048, 2, 4, gate="qwen", h0=True))
 
 
-def test_autograd_path():
-    """`chunk_gated_delta_rule` under autograd returns the same gradients as the reference."""
+def autograd_errors(inp, options=None):
+    """Relative L2 of every gradient of `chunk_gated_delta_rule` under autograd (``options``: its KernelOptions)
+    against the float64 reference's on the same do; asserts each <= TOL."""
     from qlabench.kernels import chunk_gated_delta_rule
 
-    cu, T = _varlen([200, 65, 1], tail=5)
-    inp = make_inputs(T, 2, 4, cu_seqlens=cu, gate="qwen", h0=True)
     leaves = {n: inp[n].clone().requires_grad_(True) for n in ("q", "k", "v", "g", "beta", "initial_state")}
-    o, ht = chunk_gated_delta_rule(**leaves, output_final_state=True, cu_seqlens=inp["cu_seqlens"])
-    if o.grad_fn is None:
-        pytest.skip("chunk_gated_delta_rule has no autograd path yet")
+    o, ht = chunk_gated_delta_rule(**leaves, output_final_state=True, cu_seqlens=inp["cu_seqlens"], options=options)
     do = torch.randn_like(o)
     torch.autograd.backward([o, ht], [do, inp["dht"]])
     want = reference_grads(inp, do)
@@ -186,6 +183,13 @@ def test_autograd_path():
     errs = {n: rel_l2(got[n], want[n]) for n in NAMES}
     bad = {n: e for n, e in errs.items() if not e <= TOL}
     assert not bad, f"relative L2 over {TOL}: {bad} (all: {errs})"
+    return errs
+
+
+def test_autograd_path():
+    """`chunk_gated_delta_rule` under autograd returns the same gradients as the reference."""
+    cu, T = _varlen([200, 65, 1], tail=5)
+    autograd_errors(make_inputs(T, 2, 4, cu_seqlens=cu, gate="qwen", h0=True))
 
 
 # Output argument positions of each kernel and how their rows are indexed ("tok" or "chunk").

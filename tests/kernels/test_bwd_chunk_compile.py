@@ -32,9 +32,9 @@ def _overlap(a: range, b: range) -> bool:
     return a.start < b.stop and b.start < a.stop
 
 
-@pytest.mark.parametrize("h_qk,h_v", [(4, 4), (2, 8)], ids=["one-v-head", "gqa-4"])
-def test_concurrent_branches_share_no_shared_memory(h_qk, h_v):
-    src = bwd_chunk_kernel(h_qk, h_v, K, V, C, "bfloat16", "sm90").get_kernel_source()
+def assert_disjoint_shared_tiles(src: str) -> None:
+    """The generated CUDA's dynamic shared-memory tiles are exactly SIZES, no two share a byte, none is a reduction's
+    workspace, they fit SHARED_LIMIT, and the warpgroups branch once (bwd_chunk and bwd_fused alike)."""
     found = re.findall(r"void\* (\w+) = \(\(void\*\)\(\(char\*\)buf_dyn_shmem \+ (\d+)\)\);", src)
     assert found, "no dynamic shared-memory buffers in the generated CUDA"
     assert not any(name.startswith("workspace") for name, _ in found), "a reduction needs a shared workspace"
@@ -44,6 +44,12 @@ def test_concurrent_branches_share_no_shared_memory(h_qk, h_v):
     assert not clashes, f"buffers placed over each other: {clashes}"
     assert max(r.stop for r in ranges.values()) <= SHARED_LIMIT
     assert src.count("threadIdx.x) < 128") == 1  # one branch point, before both loops
+
+
+@pytest.mark.parametrize("h_qk,h_v", [(4, 4), (2, 8)], ids=["one-v-head", "gqa-4"])
+def test_concurrent_branches_share_no_shared_memory(h_qk, h_v):
+    src = bwd_chunk_kernel(h_qk, h_v, K, V, C, "bfloat16", "sm90").get_kernel_source()
+    assert_disjoint_shared_tiles(src)
     # the seven per-v-head sync points of the two warpgroups (the hand-off, 10, included: warpgroup 0 runs the
     # dg / dbeta tail after it; 14: Ag whole before dv = Ag^T dV'), and X's release (13): warpgroup 1 arrives once
     # it has read X, 0 waits

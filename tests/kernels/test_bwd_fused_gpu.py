@@ -17,6 +17,7 @@ from .test_backward_gpu import (
     NAMES,
     TOL,
     _varlen,
+    autograd_errors,
     forward_for_backward,
     make_inputs,
     nan_buffers,
@@ -92,21 +93,9 @@ def test_autograd_default_takes_fused(gate, monkeypatch):
     """`chunk_gated_delta_rule` under autograd with the default options, on a call whose training forward runs CP over
     few chains (4 v-heads, 4.7 effective chains): its backward runs bwd_fused (counted), gradients against the float64
     reference."""
-    from qlabench.kernels import chunk_gated_delta_rule
-
     launches = []
     fused_grads = backward.fused_grads
     monkeypatch.setattr(backward, "fused_grads", lambda *a, **kw: launches.append(1) or fused_grads(*a, **kw))
     cu, T = _varlen([6000, 1000], tail=3)
-    inp = make_inputs(T, 4, 4, cu_seqlens=cu, gate=gate, h0=True)
-    leaves = {n: inp[n].clone().requires_grad_(True) for n in ("q", "k", "v", "g", "beta", "initial_state")}
-    o, ht = chunk_gated_delta_rule(**leaves, output_final_state=True, cu_seqlens=inp["cu_seqlens"])
-    do = torch.randn_like(o)
-    torch.autograd.backward([o, ht], [do, inp["dht"]])
+    autograd_errors(make_inputs(T, 4, 4, cu_seqlens=cu, gate=gate, h0=True))
     assert launches == [1], "the default backward did not run bwd_fused"
-    want = reference_grads(inp, do)
-    got = {"dq": leaves["q"].grad, "dk": leaves["k"].grad, "dv": leaves["v"].grad, "dg": leaves["g"].grad,
-           "dbeta": leaves["beta"].grad, "dh0": leaves["initial_state"].grad}
-    errs = {n: rel_l2(got[n], want[n]) for n in NAMES}
-    bad = {n: e for n, e in errs.items() if not e <= TOL}
-    assert not bad, f"relative L2 over {TOL}: {bad} (all: {errs})"

@@ -33,8 +33,9 @@ Per chunk, each warpgroup w (named barriers at 256 threads between steps, as bwd
     V' = Ag W, dAb, dPg, X, Y, dA, dP, colsum(Y) (BAR_W, BAR_VP, BAR_MASKS).
   * The chain's end on its half: eDO -> dV'_s's columns (dV' is dead past BAR_MASKS), then dS = e_C dS + K^T dU +
     Q^T eDO (wgmma into the dS registers), in flight under the branch's work.
-  * Warpgroup 0: dq and the WY-inverse terms and the dg / dbeta tail; warpgroup 1: dk (bwd_chunk's branches).
-    dq, dk are stored per chunk through the staging tiles (dO_s, V'_s).
+  * Warpgroup 0: dq and the WY-inverse terms and the dg / dbeta tail; warpgroup 1: dk (bwd_chunk's branches, the
+    macros of bwd_chunk_steps.py, shared with bwd_chunk). dq, dk are stored per chunk through the staging tiles
+    (dO_s, V'_s).
 Shared memory: bwd_chunk's 220 KB (no new tile: Pg lives in dP_s until dP is formed, eDO in dV'_s once dV' is dead).
 Registers: bwd_chunk's + the dS half (64 per thread); the per-chunk dq / dk replace the group sums.
 """
@@ -44,19 +45,16 @@ import functools
 import tilelang.language as T
 
 from ..common.build import compile_for
-from ..common.bwd_intra import wy_inverse_grad
-from ..common.bwd_state import kt1_terms, sv_rows
-from .bwd_chunk import (
+from .bwd_chunk_steps import (
     BAR_AG,
-    BAR_HANDOFF,
     BAR_LOADED,
     BAR_LOCAL,
     BAR_MASKS,
     BAR_TOP,
     BAR_VP,
     BAR_W,
-    BAR_XREAD,
     F_PAD,
+    chunk_steps,
 )
 
 
@@ -70,6 +68,7 @@ def bwd_fused_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
     n_tok = T.dynamic("n_tok")
     n_chains = T.dynamic("n_chains")
     n_hc = T.dynamic("n_hc")
+    steps = chunk_steps(C, K, V, dtype)
 
     @T.macro
     def chunk_part(w: int, lt, cr, ld, q, k, v, do, dv_out, A, h, g_cumsum, beta, Q_s, K_s, V_s, dO_s, dVp_s, dU_s,
@@ -200,39 +199,6 @@ def bwd_fused_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
         T.wgmma_gemm(K_s, dU_s[:, w * HV:(w + 1) * HV], dS_f, transpose_A=True)
         T.wgmma_gemm(Q_s, dVp_s[:, w * HV:(w + 1) * HV], dS_f, transpose_A=True)
 
-    @T.macro
-    def dg_tail(lt, gam_last: T.Ref, tail: T.Ref, rowsum: T.Ref, hv, sv_s, kt1_s, dgu_s, dgq_s, dgm_s, dgam_s,
-                dbc_s, dbr_s, dg_out, dbeta_out, t0, end):
-        """bwd_chunk.py's dg_tail (the same sums, the same thread pairs)."""
-        tail = 0.0
-        for jj in T.serial(HC):
-            tail = tail + (T.exp(gam_last) * sv_s[(lt & 1) * HC + jj]
-                           + T.if_then_else(t0 + (lt & 1) * HC + jj < end - 1, kt1_s[(lt & 1) * HC + jj], 0.0))
-        tail = tail + T.shfl_xor(tail, 1)
-        if (lt & 1) == 0:
-            dgam_s[lt >> 1] = T.if_then_else(
-                t0 + (lt >> 1) < end,
-                dgu_s[0, lt >> 1] + dgu_s[1, lt >> 1]
-                + T.if_then_else(t0 + (lt >> 1) == end - 1, tail, -kt1_s[lt >> 1])
-                + dgq_s[lt >> 1] + dgm_s[lt >> 1], 0.0)
-        T.sync_threads(BAR_LOCAL[0], 128)
-        rowsum = 0.0
-        for jj in T.serial(HC):
-            rowsum = rowsum + T.if_then_else((lt & 1) * HC + jj >= (lt >> 1), dgam_s[(lt & 1) * HC + jj], 0.0)
-        rowsum = rowsum + T.shfl_xor(rowsum, 1)
-        if (lt & 1) == 0 and t0 + (lt >> 1) < end:
-            dg_out[t0 + (lt >> 1), hv] = rowsum
-            dbeta_out[t0 + (lt >> 1), hv] = dbc_s[lt >> 1] + dbr_s[lt >> 1]
-
-    @T.macro
-    def store_rows(w: int, acc, stage_s, out, t0, end, hv):
-        """Warpgroup w's dq or dk of the chunk in the inputs' dtype, through a tile no one reads any more."""
-        T.copy(acc, stage_s)
-        T.sync_threads(BAR_LOCAL[w], 128)
-        for i, j in T.Parallel(C, K):
-            if t0 + i < end:
-                out[t0 + i, hv, j] = stage_s[i, j]
-
     @T.prim_func
     def bwd_fused(
         q: T.Tensor((n_tok, h_qk, K), dtype),
@@ -333,33 +299,10 @@ def bwd_fused_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
                                dU_s, Vp_s, A_s, Ag_s, S0_s, dS_s, dP_s, F_s, gam_s, beta_s, dgu_s, dbc_s, dS0, U0,
                                kds0, prod0, red0, cc0, dpg0, p0, x0, gam_last0, colsum0, cbase + c, t0, end, hv,
                                scale)
-                    # dq = scale diag(e) dO S0^T + dP K; rowdot(Q, dq0) for dgam
-                    T.gemm(dO_s, S0_s, acc0, transpose_B=True, clear_accum=True)
-                    for i, j in T.Parallel(C, K):
-                        acc0[i, j] = scale * T.exp(gam_s[i]) * acc0[i, j]
-                        dq_f[i, j] = acc0[i, j]
-                    for i, j in T.Parallel(C, K):
-                        acc0[i, j] = Q_s[i, j] * acc0[i, j]
-                    T.reduce_sum(acc0, red0q, dim=1)
-                    for i in T.Parallel(C):
-                        dgq_s[i] = red0q[i]
-                    T.wgmma_gemm(dP_s, K_s, dq_f)
-                    T.wgmma_gemm(A_s, Ag_s, T1_f, transpose_A=True, clear_accum=True)
-                    T.wait_wgmma(0)
-                    for i, j in T.Parallel(C, C):
-                        V_s[i, j] = T.cast(T1_f[i, j], dtype)
-                    T.fence_proxy_async()
-                    T.sync_threads(BAR_LOCAL[0], 128)
-                    T.wgmma_gemm(V_s[:, 0:C], A_s, T2_f, transpose_B=True, clear_accum=True)
-                    T.wgmma_gemm(K_s, K_s, KK_f, transpose_B=True, clear_accum=True)
-                    T.wait_wgmma(0)
-                    T.sync_threads(BAR_XREAD, 256)
-                    wy_inverse_grad(T2_f, KK_f, beta_s, KK_f, red0b, F_s, dbr_s, V_s, C, dtype, C)
-                    T.fence_proxy_async()
-                    T.sync_threads(BAR_HANDOFF, 256)
-                    dg_tail(tx, gam_last0, tail, rowsum, hv, sv_s, kt1_s, dgu_s, dgq_s, dgm_s, dgam_s,
-                            dbc_s, dbr_s, dg_out, dbeta_out, t0, end)
-                    store_rows(0, dq_f, dO_s, dq_out, t0, end, hv)
+                    steps.dq_branch(False, tx, gam_last0, tail, rowsum, hv, Q_s, K_s, V_s, dO_s, S0_s, A_s, Ag_s, dP_s,
+                                    F_s, gam_s, beta_s, sv_s, kt1_s, dgu_s, dgq_s, dgm_s, dgam_s, dbc_s, dbr_s, dq_f, acc0,
+                                    T1_f, T2_f, KK_f, red0q, red0b, dg_out, dbeta_out, t0, end, scale)
+                    steps.store_rows(0, dq_f, dO_s, dq_out, t0, end, hv)
                 T.copy(dS0, dh0_out[n, hv, :, 0:HV])
             else:
                 T.copy(dht[n, hv, :, HV:V], dS1)
@@ -371,27 +314,9 @@ def bwd_fused_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
                                dVp_s, dU_s, Vp_s, A_s, Ag_s, S0_s, dS_s, dP_s, F_s, gam_s, beta_s, dgu_s, dbc_s, dS1,
                                U1, kds1, prod1, red1, cc1, dpg1, p1, x1, gam_last1, colsum1, cbase + c, t0, end, hv,
                                scale)
-                    for i, j in T.Parallel(C, HC):
-                        cc1[i, j] = F_s[i, j] - F_s[j, i]
-                    T.reduce_sum(cc1, red1m, dim=1)
-                    for i, j in T.Parallel(C, HC):
-                        cc1[i, j] = F_s[i, HC + j] - F_s[HC + j, i]
-                    T.reduce_sum(cc1, red1m, dim=1, clear=False)
-                    for i in T.Parallel(C):
-                        dgm_s[i] = red1m[i]
-                    T.named_barrier_arrive(BAR_XREAD, 256)
-                    # dk = r .* (V' dS^T) + dU S0^T + dP^T Q (+ dAs K after the hand-off), with the r-terms of dgam
-                    T.gemm(Vp_s, dS_s, acc1, transpose_B=True, clear_accum=True)
-                    for i, j in T.Parallel(C, K):
-                        dk_f[i, j] = T.exp(gam_last1 - gam_s[i]) * acc1[i, j]
-                    kt1_terms(K_s, acc1, gam_s, gam_last1, acc1, red1k, kt1_s, C, K)
-                    T.wgmma_gemm(dU_s, S0_s, dk_f, transpose_B=True)
-                    T.wgmma_gemm(dP_s, Q_s, dk_f, transpose_A=True)
-                    T.wait_wgmma(0)
-                    sv_rows(S0_s, dS_s, acc1, red1s, sv_s, C, V)
-                    T.sync_threads(BAR_HANDOFF, 256)
-                    T.gemm(V_s[:, C:2 * C], K_s, dk_f)
-                    store_rows(1, dk_f, Vp_s, dk_out, t0, end, hv)
+                    steps.dk_branch(False, False, ld, 0, gam_last1, Q_s, K_s, V_s, Vp_s, dU_s, S0_s, dS_s, dP_s, F_s, gam_s,
+                                    sv_s, kt1_s, dgm_s, dk_f, acc1, cc1, red1k, red1s, red1m)
+                    steps.store_rows(1, dk_f, Vp_s, dk_out, t0, end, hv)
                 T.copy(dS1, dh0_out[n, hv, :, HV:V])
 
     return compile_for(bwd_fused, arch)

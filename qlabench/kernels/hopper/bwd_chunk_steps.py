@@ -1,0 +1,148 @@
+"""The per-chunk gradient steps that hopper/bwd_chunk.py and hopper/bwd_fused.py share (Hopper, sm_90a).
+
+Both kernels run one chunk's gradients on two warpgroups of 128 threads over the same shared tiles (bwd_chunk.py's
+header has the formula, the tiles and the 220 KB budget): after the shared steps, warpgroup 0 takes the dq branch (dq,
+the WY-inverse terms, then the dg / dbeta tail) and warpgroup 1 the dk branch (dgam's mask term, dk with its r-terms).
+bwd_chunk sums dq and dk over a GQA group's v-heads in registers (``accumulate``) and waits for dS's tile before the
+dk branch reads it (``wait_ds``); bwd_fused forms one v-head per block with dS already in shared memory.
+
+`chunk_steps(C, K, V, dtype)` builds the macros for one kernel shape; the named barriers below are both kernels'.
+"""
+
+from types import SimpleNamespace
+
+import tilelang.language as T
+
+from ..common.bwd_intra import wy_inverse_grad
+from ..common.bwd_state import kt1_terms, sv_rows
+
+# named barriers (0-4 are TileLang's own)
+BAR_TOP = 5  # both warpgroups finished the previous v-head: its buffers may be overwritten
+BAR_LOADED = 6  # the v-head's rows and states are in shared memory
+BAR_W = 7  # Ag rows, W and dU columns of both halves
+BAR_VP = 8  # V' columns of both halves (and both warpgroups past V' = Ag W: Ag may become dA)
+BAR_MASKS = 9  # Y's column sums, X, dA, dP of both halves
+BAR_HANDOFF = 10  # dAs to warpgroup 1; the dbeta row term, dgq (warpgroup 0) and dgm, kt1, sv (1) for the tail
+BAR_LOCAL = (11, 12)  # a warpgroup's own 128-thread barrier
+BAR_XREAD = 13  # warpgroup 1 has read X (the mask term) out of F_s: warpgroup 0 may write dM there
+BAR_AG = 14  # Ag of both halves (dv = Ag^T dV' reads all of it)
+# fp32 columns of row padding of F_s: X_ij - X_ji and dM_ij + dM_ji read it transposed in the accumulator layout, where
+# unpadded rows (64 floats) put a warp's 32 reads in 8 banks; at 68 floats they fall in 32 (and the row-wise writes
+# in 2-way rather than 4-way conflicts)
+F_PAD = 4
+
+
+def chunk_steps(C: int, K: int, V: int, dtype: str) -> SimpleNamespace:
+    """The shared macros for chunks of C tokens, head dims K = V = 2 C, tiles in ``dtype``: dq_branch, dk_branch,
+    dg_tail, store_rows."""
+    HC = C // 2
+
+    @T.macro
+    def dg_tail(lt, gam_last: T.Ref, tail: T.Ref, rowsum: T.Ref, hv, sv_s, kt1_s, dgu_s, dgq_s, dgm_s, dgam_s,
+                dbc_s, dbr_s, dg_out, dbeta_out, t0, end):
+        """dgam0 = e-term - r-terms; the last real row L gets exp(gam_last) sum(S0 .* dS) + sum_{i < L} r-terms;
+        then dgam = dgam0 + rowdot(Q, dq0) + mask term; dg = its reverse in-chunk cumsum, dbeta = column term + row
+        term. Warpgroup 0's thread pair (2 i, 2 i + 1) owns row i, each summing one half of the C terms."""
+        tail = 0.0
+        for jj in T.serial(HC):
+            tail = tail + (T.exp(gam_last) * sv_s[(lt & 1) * HC + jj]
+                           + T.if_then_else(t0 + (lt & 1) * HC + jj < end - 1, kt1_s[(lt & 1) * HC + jj], 0.0))
+        tail = tail + T.shfl_xor(tail, 1)
+        if (lt & 1) == 0:
+            dgam_s[lt >> 1] = T.if_then_else(
+                t0 + (lt >> 1) < end,
+                dgu_s[0, lt >> 1] + dgu_s[1, lt >> 1]
+                + T.if_then_else(t0 + (lt >> 1) == end - 1, tail, -kt1_s[lt >> 1])
+                + dgq_s[lt >> 1] + dgm_s[lt >> 1], 0.0)
+        T.sync_threads(BAR_LOCAL[0], 128)
+        rowsum = 0.0
+        for jj in T.serial(HC):
+            rowsum = rowsum + T.if_then_else((lt & 1) * HC + jj >= (lt >> 1), dgam_s[(lt & 1) * HC + jj], 0.0)
+        rowsum = rowsum + T.shfl_xor(rowsum, 1)
+        if (lt & 1) == 0 and t0 + (lt >> 1) < end:
+            dg_out[t0 + (lt >> 1), hv] = rowsum
+            dbeta_out[t0 + (lt >> 1), hv] = dbc_s[lt >> 1] + dbr_s[lt >> 1]
+
+    @T.macro
+    def store_rows(w: int, acc, stage_s, out, t0, end, head):
+        """Warpgroup w's dq or dk out in the inputs' dtype, through a tile no one reads any more (stmatrix in, then
+        whole 16-byte rows out: the accumulator layout stored directly fills half of each 32-byte sector)."""
+        T.copy(acc, stage_s)
+        T.sync_threads(BAR_LOCAL[w], 128)
+        for i, j in T.Parallel(C, K):
+            if t0 + i < end:
+                out[t0 + i, head, j] = stage_s[i, j]
+
+    @T.macro
+    def dq_branch(accumulate: bool, lt, gam_last: T.Ref, tail: T.Ref, rowsum: T.Ref, hv, Q_s, K_s, V_s, dO_s, S0_s,
+                  A_s, Ag_s, dP_s, F_s, gam_s, beta_s, sv_s, kt1_s, dgu_s, dgq_s, dgm_s, dgam_s, dbc_s, dbr_s, dq_f,
+                  acc0, T1_f, T2_f, KK_f, red0q, red0b, dg_out, dbeta_out, t0, end, scale):
+        """Warpgroup 0 after the shared steps: dq (added to dq_f with ``accumulate``, else into it), the WY-inverse
+        terms, the hand-off, the dg / dbeta tail."""
+        # dq = dq0 + dP K with dq0 = scale diag(e) dO S0^T; rowdot(Q, dq0) for dgam
+        T.gemm(dO_s, S0_s, acc0, transpose_B=True, clear_accum=True)
+        for i, j in T.Parallel(C, K):
+            acc0[i, j] = scale * T.exp(gam_s[i]) * acc0[i, j]
+            if accumulate:
+                dq_f[i, j] = dq_f[i, j] + acc0[i, j]
+            else:
+                dq_f[i, j] = acc0[i, j]
+        for i, j in T.Parallel(C, K):
+            acc0[i, j] = Q_s[i, j] * acc0[i, j]
+        T.reduce_sum(acc0, red0q, dim=1)
+        for i in T.Parallel(C):
+            dgq_s[i] = red0q[i]
+        # WY inverse: T1 = A^T dA into W's first columns (W is dead), dL = -strict_lower(T1 A^T), dbeta's row term,
+        # dAs = dM + dM^T into W's last columns (independent products issued in pairs, one wait each: dP K with
+        # A^T dA, T1 A^T with K K^T)
+        T.wgmma_gemm(dP_s, K_s, dq_f)
+        T.wgmma_gemm(A_s, Ag_s, T1_f, transpose_A=True, clear_accum=True)
+        T.wait_wgmma(0)
+        for i, j in T.Parallel(C, C):
+            V_s[i, j] = T.cast(T1_f[i, j], dtype)
+        T.fence_proxy_async()
+        T.sync_threads(BAR_LOCAL[0], 128)
+        T.wgmma_gemm(V_s[:, 0:C], A_s, T2_f, transpose_B=True, clear_accum=True)
+        T.wgmma_gemm(K_s, K_s, KK_f, transpose_B=True, clear_accum=True)
+        T.wait_wgmma(0)
+        T.sync_threads(BAR_XREAD, 256)  # warpgroup 1 has read X out of F_s
+        wy_inverse_grad(T2_f, KK_f, beta_s, KK_f, red0b, F_s, dbr_s, V_s, C, dtype, C)
+        T.fence_proxy_async()
+        T.sync_threads(BAR_HANDOFF, 256)
+        dg_tail(lt, gam_last, tail, rowsum, hv, sv_s, kt1_s, dgu_s, dgq_s, dgm_s, dgam_s, dbc_s, dbr_s, dg_out,
+                dbeta_out, t0, end)
+
+    @T.macro
+    def dk_branch(accumulate: bool, wait_ds: bool, ld, parity, gam_last: T.Ref, Q_s, K_s, V_s, Vp_s, dU_s, S0_s, dS_s,
+                  dP_s, F_s, gam_s, sv_s, kt1_s, dgm_s, dk_f, acc1, cc1, red1k, red1s, red1m):
+        """Warpgroup 1 after the shared steps: dgam's mask term, then dk = r .* (V' dS^T) + dU S0^T + dP^T Q + dAs K
+        (added to dk_f with ``accumulate``, else into it) with the r-terms of dgam; ``wait_ds``: dS's tile lands on
+        mbarrier ld[2] (waited for with ``parity``), else it is in shared memory already."""
+        # dgam's mask term rowsum(X) - colsum(X), then X's shared tile is free
+        # (by column halves in cc1: a product accumulator, whose rows stay within a quad of lanes)
+        for i, j in T.Parallel(C, HC):
+            cc1[i, j] = F_s[i, j] - F_s[j, i]
+        T.reduce_sum(cc1, red1m, dim=1)
+        for i, j in T.Parallel(C, HC):
+            cc1[i, j] = F_s[i, HC + j] - F_s[HC + j, i]
+        T.reduce_sum(cc1, red1m, dim=1, clear=False)
+        for i in T.Parallel(C):
+            dgm_s[i] = red1m[i]
+        T.named_barrier_arrive(BAR_XREAD, 256)
+        if wait_ds:
+            T.mbarrier_wait_parity(ld[2], parity)
+        T.gemm(Vp_s, dS_s, acc1, transpose_B=True, clear_accum=True)
+        for i, j in T.Parallel(C, K):
+            if accumulate:
+                dk_f[i, j] = dk_f[i, j] + T.exp(gam_last - gam_s[i]) * acc1[i, j]
+            else:
+                dk_f[i, j] = T.exp(gam_last - gam_s[i]) * acc1[i, j]
+        kt1_terms(K_s, acc1, gam_s, gam_last, acc1, red1k, kt1_s, C, K)  # in place over acc1
+        T.wgmma_gemm(dU_s, S0_s, dk_f, transpose_B=True)  # both into dk_f, one wait
+        T.wgmma_gemm(dP_s, Q_s, dk_f, transpose_A=True)
+        T.wait_wgmma(0)
+        sv_rows(S0_s, dS_s, acc1, red1s, sv_s, C, V)  # sum(S0 .* dS) for the dgam0 tail
+        T.sync_threads(BAR_HANDOFF, 256)
+        T.gemm(V_s[:, C:2 * C], K_s, dk_f)  # dAs K
+
+    return SimpleNamespace(dg_tail=dg_tail, store_rows=store_rows, dq_branch=dq_branch, dk_branch=dk_branch)
