@@ -105,11 +105,8 @@ from ..common.tma_rows import zero_rows_past_end
 from .bwd_chunk_steps import (
     BAR_AG,
     BAR_LOADED,
-    BAR_LOCAL,
-    BAR_MASKS,
     BAR_TOP,
     BAR_VP,
-    BAR_W,
     F_PAD,
     chunk_steps,
 )
@@ -145,13 +142,6 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
         T.mbarrier_arrive(ld[2])
 
     @T.macro
-    def load_scalars(w: int, g_cumsum, beta, gam_s, beta_s, t0, end, hv):
-        """Warpgroup w's half of the chunk's gate cumsum (last real value repeated) and beta (zero past the end)."""
-        for i in T.Parallel(HC):
-            gam_s[w * HC + i] = g_cumsum[T.min(t0 + w * HC + i, end - 1), hv]
-            beta_s[w * HC + i] = T.if_then_else(t0 + w * HC + i < end, beta[t0 + w * HC + i, hv], 0.0)
-
-    @T.macro
     def shared_part(w: int, lt, g, ld, v, do, dvp_dv, A, h, dh, g_cumsum, beta, Q_s, K_s, V_s, dO_s, dVp_s, dU_s, Vp_s,
                     A_s, Ag_s, S0_s, dS_s, dP_s, F_s, gam_s, beta_s, dgu_s, dbc_s, U_f, prod_f, red_f, cc_f, dpg_f,
                     p_f, x_f, gam_last: T.Ref, colsum: T.Ref, c, t0, end, hv, scale):
@@ -160,7 +150,7 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
         T.sync_threads(BAR_TOP, 256)
         if w == 0:
             issue_loads(v, do, dvp_dv, A, h, dh, V_s, dO_s, dVp_s, A_s, S0_s, dS_s, ld, c, t0, hv)
-        load_scalars(w, g_cumsum, beta, gam_s, beta_s, t0, end, hv)
+        steps.load_scalars(w, g_cumsum, beta, gam_s, beta_s, t0, end, hv)
         T.mbarrier_wait_parity(ld[0], g & 1)
         # U = K S0 on this half of the columns, in flight while V, A, dV' land and Ag is formed
         T.wgmma_gemm(K_s, S0_s[:, w * HV:(w + 1) * HV], U_f, clear_accum=True)
@@ -175,39 +165,11 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
                     A_s[w * HC + i, j] = T.cast(0, dtype)
         T.sync_threads(BAR_LOADED, 256)
         gam_last = gam_s[C - 1]  # noqa: F841 (a store into the caller's T.alloc_var)
-        # Ag = Gam .* A .* beta_col, this warpgroup's columns (in x_f: a product's accumulator touched while
-        # U = K S0 is in flight makes ptxas wait for it)
-        for i, j in T.Parallel(C, HC):
-            x_f[i, j] = (T.if_then_else(w * HC + j <= i, T.exp(gam_s[i] - gam_s[w * HC + j]), 0.0)
-                         * A_s[i, w * HC + j] * beta_s[w * HC + j])
-        T.copy(x_f, Ag_s[:, w * HC:(w + 1) * HC])
+        steps.ag_columns(w, A_s, Ag_s, gam_s, beta_s, x_f)  # while U = K S0 is in flight
         T.fence_proxy_async()
         T.sync_threads(BAR_AG, 256)
-        # dv = Ag^T dV' on this half of the columns (over dV' in place: this block alone reads and writes these rows)
-        T.wgmma_gemm(Ag_s, dVp_s[:, w * HV:(w + 1) * HV], prod_f, transpose_A=True, clear_accum=True)
-        T.wait_wgmma(0)
-        # dv out through this warpgroup's columns of dU_s (free until dU is written below): stmatrix in, 16-byte row
-        # segments out, and every read done before dU overwrites them
-        T.copy(prod_f, dU_s[:, w * HV:(w + 1) * HV])
-        T.sync_threads(BAR_LOCAL[w], 128)
-        for i, j in T.Parallel(C, HV):
-            if t0 + i < end:
-                dvp_dv[t0 + i, hv, w * HV + j] = dU_s[i, w * HV + j]
-        T.sync_threads(BAR_LOCAL[w], 128)
-        # dU = -diag(e) dv; dgam's e-term partial rowdot(dU, U); W = V - diag(e) U
-        for i, j in T.Parallel(C, HV):
-            prod_f[i, j] = -T.exp(gam_s[i]) * prod_f[i, j]
-        T.copy(prod_f, dU_s[:, w * HV:(w + 1) * HV])
-        for i, j in T.Parallel(C, HV):
-            prod_f[i, j] = prod_f[i, j] * U_f[i, j]
-        T.reduce_sum(prod_f, red_f, dim=1)
-        for i in T.Parallel(C):
-            dgu_s[w, i] = red_f[i]
-        for i, j in T.Parallel(C, HV):
-            U_f[i, j] = V_s[i, w * HV + j] - T.exp(gam_s[i]) * U_f[i, j]
-        T.copy(U_f, V_s[:, w * HV:(w + 1) * HV])
-        T.fence_proxy_async()
-        T.sync_threads(BAR_W, 256)
+        # dv = Ag^T dV' over dV' in place (this block alone reads and writes these rows), dU, W
+        steps.dv_du_w(w, Ag_s, dVp_s, dU_s, V_s, U_f, prod_f, red_f, dgu_s, gam_s, dvp_dv, t0, end, hv)
         # V' = Ag W on this half of the columns
         # (in flight while dO is waited for and a partial chunk's rows past the end zeroed)
         T.wgmma_gemm(Ag_s, V_s[:, w * HV:(w + 1) * HV], U_f, clear_accum=True)
@@ -227,30 +189,7 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
         T.wgmma_gemm(dO_s, Vp_s[w * HC:(w + 1) * HC, :], dpg_f, transpose_B=True, clear_accum=True)
         T.wgmma_gemm(Q_s, K_s[w * HC:(w + 1) * HC, :], p_f, transpose_B=True, clear_accum=True)
         T.wait_wgmma(0)
-        for i, j in T.Parallel(C, HC):
-            dec = T.if_then_else(w * HC + j <= i and t0 + i < end, T.exp(gam_s[i] - gam_s[w * HC + j]), 0.0)
-            x_f[i, j] = (dec * cc_f[i, j] * A_s[i, w * HC + j] * beta_s[w * HC + j]
-                         + scale * dec * p_f[i, j] * dpg_f[i, j])  # X
-            p_f[i, j] = dec * cc_f[i, j] * A_s[i, w * HC + j]  # Y
-            cc_f[i, j] = dec * cc_f[i, j] * beta_s[w * HC + j]  # dA
-            dpg_f[i, j] = scale * dec * dpg_f[i, j]  # dP
-        T.copy(p_f, F_s[:, w * HC:(w + 1) * HC])
-        T.copy(cc_f, Ag_s[:, w * HC:(w + 1) * HC])
-        T.copy(dpg_f, dP_s[:, w * HC:(w + 1) * HC])
-        # dbeta's column term colsum(Y) over this half's columns: 4 threads per column, 16 rows each
-        T.sync_threads(BAR_LOCAL[w], 128)
-        colsum = 0.0
-        for r in T.serial(C // 4):
-            colsum = colsum + F_s[(lt & 3) * (C // 4) + r, w * HC + (lt >> 2)]
-        colsum = colsum + T.shfl_xor(colsum, 1)
-        colsum = colsum + T.shfl_xor(colsum, 2)
-        if (lt & 3) == 0:
-            dbc_s[w * HC + (lt >> 2)] = colsum
-        T.sync_threads(BAR_LOCAL[w], 128)
-        for i, j in T.Parallel(C, HC):
-            F_s[i, w * HC + j] = x_f[i, j]
-        T.fence_proxy_async()
-        T.sync_threads(BAR_MASKS, 256)
+        steps.masks(w, lt, colsum, A_s, Ag_s, dP_s, F_s, gam_s, beta_s, dbc_s, cc_f, dpg_f, p_f, x_f, t0, end, scale)
 
     @T.prim_func
     def bwd_chunk(

@@ -33,9 +33,83 @@ F_PAD = 4
 
 
 def chunk_steps(C: int, K: int, V: int, dtype: str) -> SimpleNamespace:
-    """The shared macros for chunks of C tokens, head dims K = V = 2 C, tiles in ``dtype``: dq_branch, dk_branch,
-    dg_tail, store_rows."""
+    """The shared macros for chunks of C tokens, head dims K = V = 2 C, tiles in ``dtype``: load_scalars, ag_columns,
+    dv_du_w and masks (steps of both warpgroups), dq_branch, dk_branch, dg_tail, store_rows."""
     HC = C // 2
+    HV = V // 2
+
+    @T.macro
+    def load_scalars(w: int, g_cumsum, beta, gam_s, beta_s, t0, end, hv):
+        """Warpgroup w's half of the chunk's gate cumsum (last real value repeated) and beta (zero past the end)."""
+        for i in T.Parallel(HC):
+            gam_s[w * HC + i] = g_cumsum[T.min(t0 + w * HC + i, end - 1), hv]
+            beta_s[w * HC + i] = T.if_then_else(t0 + w * HC + i < end, beta[t0 + w * HC + i, hv], 0.0)
+
+    @T.macro
+    def ag_columns(w: int, A_s, Ag_s, gam_s, beta_s, x_f):
+        """Ag = Gam .* A .* beta_col on warpgroup w's C / 2 columns (in x_f: a product's accumulator touched while
+        another product is in flight makes ptxas wait for it)."""
+        for i, j in T.Parallel(C, HC):
+            x_f[i, j] = (T.if_then_else(w * HC + j <= i, T.exp(gam_s[i] - gam_s[w * HC + j]), 0.0)
+                         * A_s[i, w * HC + j] * beta_s[w * HC + j])
+        T.copy(x_f, Ag_s[:, w * HC:(w + 1) * HC])
+
+    @T.macro
+    def dv_du_w(w: int, Ag_s, dVp_s, dU_s, V_s, U_f, prod_f, red_f, dgu_s, gam_s, dv_out, t0, end, hv):
+        """On warpgroup w's V / 2 columns: dv = Ag^T dV' (stored: stmatrix into dU_s's columns, free until dU is
+        written, then 16-byte row segments out); dU = -diag(e) dv into dU_s; dgam's e-term partial rowdot(dU, U);
+        W = V - diag(e) U over V_s (U in U_f); then both warpgroups' W and dU (BAR_W)."""
+        T.wgmma_gemm(Ag_s, dVp_s[:, w * HV:(w + 1) * HV], prod_f, transpose_A=True, clear_accum=True)
+        T.wait_wgmma(0)
+        T.copy(prod_f, dU_s[:, w * HV:(w + 1) * HV])
+        T.sync_threads(BAR_LOCAL[w], 128)
+        for i, j in T.Parallel(C, HV):
+            if t0 + i < end:
+                dv_out[t0 + i, hv, w * HV + j] = dU_s[i, w * HV + j]
+        T.sync_threads(BAR_LOCAL[w], 128)
+        for i, j in T.Parallel(C, HV):
+            prod_f[i, j] = -T.exp(gam_s[i]) * prod_f[i, j]
+        T.copy(prod_f, dU_s[:, w * HV:(w + 1) * HV])
+        for i, j in T.Parallel(C, HV):
+            prod_f[i, j] = prod_f[i, j] * U_f[i, j]
+        T.reduce_sum(prod_f, red_f, dim=1)
+        for i in T.Parallel(C):
+            dgu_s[w, i] = red_f[i]
+        for i, j in T.Parallel(C, HV):
+            U_f[i, j] = V_s[i, w * HV + j] - T.exp(gam_s[i]) * U_f[i, j]
+        T.copy(U_f, V_s[:, w * HV:(w + 1) * HV])
+        T.fence_proxy_async()
+        T.sync_threads(BAR_W, 256)
+
+    @T.macro
+    def masks(w: int, lt, colsum: T.Ref, A_s, Ag_s, dP_s, F_s, gam_s, beta_s, dbc_s, cc_f, dpg_f, p_f, x_f, t0, end,
+              scale):
+        """On warpgroup w's C / 2 columns, from dAb (cc_f), dPg (dpg_f) and P (p_f): X (into F_s last), Y (F_s),
+        dA (over Ag_s), dP (dP_s); dbeta's column term colsum(Y) (4 threads per column, 16 rows each); then both
+        warpgroups' (BAR_MASKS)."""
+        for i, j in T.Parallel(C, HC):
+            dec = T.if_then_else(w * HC + j <= i and t0 + i < end, T.exp(gam_s[i] - gam_s[w * HC + j]), 0.0)
+            x_f[i, j] = (dec * cc_f[i, j] * A_s[i, w * HC + j] * beta_s[w * HC + j]
+                         + scale * dec * p_f[i, j] * dpg_f[i, j])  # X
+            p_f[i, j] = dec * cc_f[i, j] * A_s[i, w * HC + j]  # Y
+            cc_f[i, j] = dec * cc_f[i, j] * beta_s[w * HC + j]  # dA
+            dpg_f[i, j] = scale * dec * dpg_f[i, j]  # dP
+        T.copy(p_f, F_s[:, w * HC:(w + 1) * HC])
+        T.copy(cc_f, Ag_s[:, w * HC:(w + 1) * HC])
+        T.copy(dpg_f, dP_s[:, w * HC:(w + 1) * HC])
+        T.sync_threads(BAR_LOCAL[w], 128)
+        colsum = 0.0
+        for r in T.serial(C // 4):
+            colsum = colsum + F_s[(lt & 3) * (C // 4) + r, w * HC + (lt >> 2)]
+        colsum = colsum + T.shfl_xor(colsum, 1)
+        colsum = colsum + T.shfl_xor(colsum, 2)
+        if (lt & 3) == 0:
+            dbc_s[w * HC + (lt >> 2)] = colsum
+        T.sync_threads(BAR_LOCAL[w], 128)
+        for i, j in T.Parallel(C, HC):
+            F_s[i, w * HC + j] = x_f[i, j]
+        T.fence_proxy_async()
+        T.sync_threads(BAR_MASKS, 256)
 
     @T.macro
     def dg_tail(lt, gam_last: T.Ref, tail: T.Ref, rowsum: T.Ref, hv, sv_s, kt1_s, dgu_s, dgq_s, dgm_s, dgam_s,
@@ -145,4 +219,5 @@ def chunk_steps(C: int, K: int, V: int, dtype: str) -> SimpleNamespace:
         T.sync_threads(BAR_HANDOFF, 256)
         T.gemm(V_s[:, C:2 * C], K_s, dk_f)  # dAs K
 
-    return SimpleNamespace(dg_tail=dg_tail, store_rows=store_rows, dq_branch=dq_branch, dk_branch=dk_branch)
+    return SimpleNamespace(load_scalars=load_scalars, ag_columns=ag_columns, dv_du_w=dv_du_w, masks=masks,
+                           dg_tail=dg_tail, store_rows=store_rows, dq_branch=dq_branch, dk_branch=dk_branch)

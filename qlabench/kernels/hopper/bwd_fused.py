@@ -49,10 +49,8 @@ from .bwd_chunk_steps import (
     BAR_AG,
     BAR_LOADED,
     BAR_LOCAL,
-    BAR_MASKS,
     BAR_TOP,
     BAR_VP,
-    BAR_W,
     F_PAD,
     chunk_steps,
 )
@@ -86,9 +84,7 @@ def bwd_fused_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
             T.tma_copy(do[t0:t0 + C, hv, :], dO_s, barrier=ld[1])
             T.mbarrier_arrive(ld[0])
             T.mbarrier_arrive(ld[1])
-        for i in T.Parallel(HC):
-            gam_s[w * HC + i] = g_cumsum[T.min(t0 + w * HC + i, end - 1), hv]
-            beta_s[w * HC + i] = T.if_then_else(t0 + w * HC + i < end, beta[t0 + w * HC + i, hv], 0.0)
+        steps.load_scalars(w, g_cumsum, beta, gam_s, beta_s, t0, end, hv)
         T.copy(dS_f, dS_s[:, w * HV:(w + 1) * HV])  # bf16 of this half of the chunk-end gradient
         T.mbarrier_wait_parity(ld[0], cr & 1)
         T.mbarrier_wait_parity(ld[1], cr & 1)
@@ -109,11 +105,7 @@ def bwd_fused_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
         T.wgmma_gemm(K_s, S0_s[:, w * HV:(w + 1) * HV], U_f, clear_accum=True)
         T.wgmma_gemm(K_s, dS_s[:, w * HV:(w + 1) * HV], kds_f, clear_accum=True)
         T.wgmma_gemm(Q_s, K_s[w * HC:(w + 1) * HC, :], p_f, transpose_B=True, clear_accum=True)
-        # Ag = Gam .* A .* beta_col on this half's columns
-        for i, j in T.Parallel(C, HC):
-            x_f[i, j] = (T.if_then_else(w * HC + j <= i, T.exp(gam_s[i] - gam_s[w * HC + j]), 0.0)
-                         * A_s[i, w * HC + j] * beta_s[w * HC + j])
-        T.copy(x_f, Ag_s[:, w * HC:(w + 1) * HC])
+        steps.ag_columns(w, A_s, Ag_s, gam_s, beta_s, x_f)
         T.wait_wgmma(0)
         # Pg = scale Gam .* P (rows past the end zero) into dP_s until dP is formed; P stays in p_f for X
         for i, j in T.Parallel(C, HC):
@@ -130,29 +122,8 @@ def bwd_fused_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
         T.copy(prod_f, dVp_s[:, w * HV:(w + 1) * HV])
         T.fence_proxy_async()
         T.sync_threads(BAR_LOCAL[w], 128)
-        # dv = Ag^T dV' on this half, out through dU_s's columns (free until dU is written)
-        T.wgmma_gemm(Ag_s, dVp_s[:, w * HV:(w + 1) * HV], prod_f, transpose_A=True, clear_accum=True)
-        T.wait_wgmma(0)
-        T.copy(prod_f, dU_s[:, w * HV:(w + 1) * HV])
-        T.sync_threads(BAR_LOCAL[w], 128)
-        for i, j in T.Parallel(C, HV):
-            if t0 + i < end:
-                dv_out[t0 + i, hv, w * HV + j] = dU_s[i, w * HV + j]
-        T.sync_threads(BAR_LOCAL[w], 128)
-        # dU = -diag(e) dv; dgam's e-term partial rowdot(dU, U); W = V - diag(e) U
-        for i, j in T.Parallel(C, HV):
-            prod_f[i, j] = -T.exp(gam_s[i]) * prod_f[i, j]
-        T.copy(prod_f, dU_s[:, w * HV:(w + 1) * HV])
-        for i, j in T.Parallel(C, HV):
-            prod_f[i, j] = prod_f[i, j] * U_f[i, j]
-        T.reduce_sum(prod_f, red_f, dim=1)
-        for i in T.Parallel(C):
-            dgu_s[w, i] = red_f[i]
-        for i, j in T.Parallel(C, HV):
-            U_f[i, j] = V_s[i, w * HV + j] - T.exp(gam_s[i]) * U_f[i, j]
-        T.copy(U_f, V_s[:, w * HV:(w + 1) * HV])
-        T.fence_proxy_async()
-        T.sync_threads(BAR_W, 256)
+        # dv = Ag^T dV' on this half (stored), dU, W
+        steps.dv_du_w(w, Ag_s, dVp_s, dU_s, V_s, U_f, prod_f, red_f, dgu_s, gam_s, dv_out, t0, end, hv)
         # V' = Ag W on this half of the columns
         T.wgmma_gemm(Ag_s, V_s[:, w * HV:(w + 1) * HV], U_f, clear_accum=True)
         T.wait_wgmma(0)
@@ -164,29 +135,7 @@ def bwd_fused_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
         T.wgmma_gemm(dVp_s, V_s[w * HC:(w + 1) * HC, :], cc_f, transpose_B=True, clear_accum=True)
         T.wgmma_gemm(dO_s, Vp_s[w * HC:(w + 1) * HC, :], dpg_f, transpose_B=True, clear_accum=True)
         T.wait_wgmma(0)
-        for i, j in T.Parallel(C, HC):
-            dec = T.if_then_else(w * HC + j <= i and t0 + i < end, T.exp(gam_s[i] - gam_s[w * HC + j]), 0.0)
-            x_f[i, j] = (dec * cc_f[i, j] * A_s[i, w * HC + j] * beta_s[w * HC + j]
-                         + scale * dec * p_f[i, j] * dpg_f[i, j])  # X
-            p_f[i, j] = dec * cc_f[i, j] * A_s[i, w * HC + j]  # Y
-            cc_f[i, j] = dec * cc_f[i, j] * beta_s[w * HC + j]  # dA
-            dpg_f[i, j] = scale * dec * dpg_f[i, j]  # dP
-        T.copy(p_f, F_s[:, w * HC:(w + 1) * HC])
-        T.copy(cc_f, Ag_s[:, w * HC:(w + 1) * HC])
-        T.copy(dpg_f, dP_s[:, w * HC:(w + 1) * HC])  # Pg's last reader (dV') is past BAR_W
-        T.sync_threads(BAR_LOCAL[w], 128)
-        colsum = 0.0
-        for r in T.serial(C // 4):
-            colsum = colsum + F_s[(lt & 3) * (C // 4) + r, w * HC + (lt >> 2)]
-        colsum = colsum + T.shfl_xor(colsum, 1)
-        colsum = colsum + T.shfl_xor(colsum, 2)
-        if (lt & 3) == 0:
-            dbc_s[w * HC + (lt >> 2)] = colsum
-        T.sync_threads(BAR_LOCAL[w], 128)
-        for i, j in T.Parallel(C, HC):
-            F_s[i, w * HC + j] = x_f[i, j]
-        T.fence_proxy_async()
-        T.sync_threads(BAR_MASKS, 256)
+        steps.masks(w, lt, colsum, A_s, Ag_s, dP_s, F_s, gam_s, beta_s, dbc_s, cc_f, dpg_f, p_f, x_f, t0, end, scale)
         # the chain's end on this half: eDO into dV'_s's columns (dV' is dead: dAb has read it), then
         # dS = e_C dS + K^T dU + Q^T eDO, in flight under the branch's work
         for i, j in T.Parallel(C, HV):
