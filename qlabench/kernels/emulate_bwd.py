@@ -359,6 +359,14 @@ def twin_bwd_dh(q, k, do, Pg, Ag, fac, cu_seqlens, chunk_offsets, seq_order, chu
                           dvp_out, None, dh0_out, scale, has_skip, rows_with_skip=False)
 
 
+def _dh_step(dS, rows, t0, end, row, fac, scale, st):
+    """One chunk of the reverse pass (`_emu_dh`) on token rows t0..end of ``rows`` = (Q, K, dO, Pg, Ag) float64 with
+    chunk ``row``'s factors."""
+    e, r, _, egC = _factors(fac, row)
+    C = rows[3].shape[-1]
+    return _emu_dh(dS, *(_chunk_rows(x, t0, end, C) for x in rows), e, r, egC, scale, st)
+
+
 def twin_bwd_dh_pipelined(q, k, do, Pg, Ag, fac, cu_seqlens, chunk_offsets, seq_order, chunk_skip, dht, dh_out,
                           dvp_out, dv_out, dh0_out, scale, has_skip, rows_with_skip=True):
     """The reverse pass (sm100's blackwell/bwd_dh_pipelined.py; ``dv_out`` None: sm90's, `twin_bwd_dh`); with
@@ -368,7 +376,7 @@ def twin_bwd_dh_pipelined(q, k, do, Pg, Ag, fac, cu_seqlens, chunk_offsets, seq_
     were."""
     C, H = Pg.shape[-1], do.shape[1]
     st = _Stager(dh_out.dtype)
-    qf, kf, dof, Pgf, Agf = _expand_heads(q, H), _expand_heads(k, H), do.to(F64), Pg.to(F64), Ag.to(F64)
+    rows = (_expand_heads(q, H), _expand_heads(k, H), do.to(F64), Pg.to(F64), Ag.to(F64))
     cu, off = cu_seqlens.tolist(), chunk_offsets.tolist()
     for n in seq_order.tolist():  # the kernels' dispatch order (every sequence once)
         dS = dht[n].to(F64)
@@ -380,10 +388,7 @@ def twin_bwd_dh_pipelined(q, k, do, Pg, Ag, fac, cu_seqlens, chunk_offsets, seq_
                 continue
             t0 = starts[c]
             end = min(t0 + C, cu[n + 1])
-            e, r, _, egC = _factors(fac, off[n] + c)
-            dS_s, dVp, dW, dS_new = _emu_dh(dS, _chunk_rows(qf, t0, end, C), _chunk_rows(kf, t0, end, C),
-                                            _chunk_rows(dof, t0, end, C), _chunk_rows(Pgf, t0, end, C),
-                                            _chunk_rows(Agf, t0, end, C), e, r, egC, scale, st)
+            dS_s, dVp, dW, dS_new = _dh_step(dS, rows, t0, end, off[n] + c, fac, scale, st)
             dS = torch.where(run[:, None, None], dS_new, dS)
             if has_skip and not rows_with_skip:  # sm90's bwd_dh_ws: the local passes keep only dh0
                 continue
@@ -451,7 +456,7 @@ def twin_bwd_fused(q, k, v, do, g_cumsum, beta, A, h, dht, chains, dq_out, dk_ou
     fac = torch.zeros(n_rows, H, 3, C, dtype=f32_buffers(q.dtype))
     twin_bwd_prepare(q, k, g_cumsum, beta, A, bounds, Pg, Ag, fac, scale)
     st = _Stager(h.dtype)
-    qf, kf, dof, Pgf, Agf = _expand_heads(q, H), _expand_heads(k, H), do.to(F64), Pg.to(F64), Ag.to(F64)
+    rows_f64 = (_expand_heads(q, H), _expand_heads(k, H), do.to(F64), Pg.to(F64), Ag.to(F64))
     dh = torch.zeros(n_rows, *h.shape[1:], dtype=h.dtype)
     dvp = torch.zeros(v.shape, dtype=v.dtype)
     for n, (bos, eos, cbase) in enumerate(chains.tolist()):
@@ -459,10 +464,7 @@ def twin_bwd_fused(q, k, v, do, g_cumsum, beta, A, h, dht, chains, dq_out, dk_ou
         starts = list(range(bos, eos, C))
         for c in reversed(range(len(starts))):
             t0, end = starts[c], min(starts[c] + C, eos)
-            e, r, _, egC = _factors(fac, cbase + c)
-            dS_s, dVp, _, dS = _emu_dh(dS, _chunk_rows(qf, t0, end, C), _chunk_rows(kf, t0, end, C),
-                                       _chunk_rows(dof, t0, end, C), _chunk_rows(Pgf, t0, end, C),
-                                       _chunk_rows(Agf, t0, end, C), e, r, egC, scale, st)
+            dS_s, dVp, _, dS = _dh_step(dS, rows_f64, t0, end, cbase + c, fac, scale, st)
             dh[cbase + c] = dS_s.to(dh.dtype)
             dvp[t0:end] = dVp.movedim(0, 1)[: end - t0].to(dvp.dtype)
         dh0_out[n] = dS.to(dh0_out.dtype)
