@@ -86,8 +86,8 @@ def _problem(T, h_qk, h_v, *, B=1, cu=None, D=16, C=8, gates=None, h0=False, dht
     return want, args
 
 
-def _counting(calls: list):
-    """The twins, every launch appended to ``calls`` as (name, pieces or None, args)."""
+def _counting(calls: list, twins=KERNEL_TWINS):
+    """The backward ``twins``, every launch appended to ``calls`` as (name, pieces or None, args)."""
 
     def wrap(name, fn):
         def launch(*a):
@@ -96,7 +96,7 @@ def _counting(calls: list):
             return fn(*a)
         return launch
 
-    bwd = {name: wrap(name, fn) for name, fn in KERNEL_TWINS.items()}
+    bwd = {name: wrap(name, fn) for name, fn in twins.items()}
 
     def recurrence(n_blocks, sms, arch, bv=None):
         factory = TWIN_KERNELS["recurrence"](n_blocks, sms, arch)
@@ -119,8 +119,8 @@ def _counting(calls: list):
 
 
 def _run_cp(args, L, *, threshold=None, transition="auto", enable=True, states="recompute", calls=None,
-            fwd_threshold="same"):
-    """The CP backward on the twins. ``states``: "recompute" (h0_pieces None: the recompute's chain
+            fwd_threshold="same", twins=KERNEL_TWINS):
+    """The CP backward on the twins (``twins``: the backward's; default sm90's launch set). ``states``: "recompute" (h0_pieces None: the recompute's chain
     transitions serve the backward's chain), "forward" (h0_pieces and the chain's transitions from the
     CP forward with ``return_piece_states``; its threshold is ``fwd_threshold``) or "forward_h0" (the
     forward's h0_pieces only: the backward runs its own transition pass)."""
@@ -136,7 +136,7 @@ def _run_cp(args, L, *, threshold=None, transition="auto", enable=True, states="
         out = _fwd_cp(q, k, v, args["g"], beta, p, h0, cu, True, svf, plan, fthr, transition,
                       ForwardKernels(**TWIN_KERNELS), arch, 132, return_piece_states=True)
         h0_pieces, transitions = out[5], (out[6] if states == "forward" else None)
-    kernels = _counting(calls if calls is not None else [])
+    kernels = _counting(calls if calls is not None else [], twins)
     got = _bwd_cp(p, q, k, v, args["g_cumsum"], beta, args["A"], args["do"], args["dht"], h0, cu, svf, plan,
                   threshold, transition, h0_pieces, kernels, arch, 132, transitions)
     return dict(zip(NAMES, got)), plan

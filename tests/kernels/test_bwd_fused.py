@@ -4,19 +4,15 @@ end gradient); the kernel itself (hopper/bwd_fused.py) compiles on the CPU, its 
 
 from __future__ import annotations
 
-import types
-
 import pytest
 import torch
 
 from qlabench.kernels import backward
-from qlabench.kernels.backward_cp import BackwardCPKernels, _bwd_cp
 from qlabench.kernels.cp import plan_cp
 from qlabench.kernels.emulate_bwd import FUSED_TWINS, KERNEL_TWINS
-from qlabench.kernels.emulate_fwd import TWIN_KERNELS
 from qlabench.kernels.validate import validate
 
-from .test_backward_cp import EXACT, NAMES, _assert_close, _problem
+from .test_backward_cp import EXACT, NAMES, _assert_close, _problem, _run_cp
 
 FUSED = {**{n: f for n, f in KERNEL_TWINS.items() if n != "bwd_chunk"}, **FUSED_TWINS}
 PLAIN = 1e-6  # the plain backward stages beta in fp32 (backward._bwd_impl) even on float64 inputs
@@ -34,29 +30,9 @@ def _plain(args, kernels):
         args["initial_state"], args["cu_seqlens"], args["state_v_first"], args["C"], kernels)))
 
 
-def _cp(args, L, kernels, calls=None):
-    p = _problem_args(args)
-    plan = plan_cp(args["cu_seqlens"], heads=p.h_v, sm_count=132, chunk_size=args["C"], B=p.B, T=p.T,
-                   piece_chunks=L, enable=True)
-    arch = types.SimpleNamespace(name="sm90", chunk_size=args["C"])
-    bwd = kernels if calls is None else {n: _logged(n, f, calls) for n, f in kernels.items()}
-    got = _bwd_cp(p, args["q"], args["k"], args["v"], args["g_cumsum"], args["beta"], args["A"], args["do"],
-                  args["dht"], args["initial_state"], args["cu_seqlens"], args["state_v_first"], plan, -10.0, "auto",
-                  None, BackwardCPKernels(bwd, TWIN_KERNELS["correct"], _twin_forward()), arch, 132)
-    return dict(zip(NAMES, got)), plan
-
-
-def _twin_forward():
-    from qlabench.kernels.forward_cp import ForwardKernels
-
-    return ForwardKernels(**TWIN_KERNELS)
-
-
-def _logged(name, fn, calls):
-    def launch(*a):
-        calls.append(name)
-        return fn(*a)
-    return launch
+def _cp(args, L, twins, calls=None):
+    """The CP backward over pieces of L chunks on ``twins``, as test_backward_cp's (truncation threshold -10)."""
+    return _run_cp(args, L, threshold=-10.0, calls=calls, twins=twins)
 
 
 @pytest.mark.parametrize("case", ["dense-h0", "varlen-tail-dht"])
@@ -79,7 +55,8 @@ def test_cp_fused_runs_no_final_reverse_pass_and_matches():
     calls = []
     got, plan = _cp(args, 4, FUSED, calls)
     assert plan.enabled and plan.n_pieces == 10
-    assert calls.count("bwd_dh") == 1 and calls.count("bwd_fused") == 1 and "bwd_chunk" not in calls
+    names = [name for name, _, _ in calls]
+    assert names.count("bwd_dh") == 1 and names.count("bwd_fused") == 1 and "bwd_chunk" not in names
     _assert_close(got, want, EXACT, "fused CP vs reference autograd: ")
 
 
