@@ -106,10 +106,16 @@ def value_tiles(arch: str) -> tuple[int, ...]:
 def _value_tile(chunks, h_v: int, sm_count: int, arch: str, longest_first: bool = False) -> int:
     """V tile of bwd_h / bwd_dh for chains of ``chunks`` chunks (one per sequence or piece) over
     ``h_v`` v-heads on ``arch``: the smaller predicted makespan (value_tile.py) among the tiles the
-    arch's kernels take."""
+    arch's kernels take. QLABENCH_BWD_BV=32|64 forces a tile (the A/B switch; one ``arch`` has no kernels
+    for is a ValueError)."""
     from .value_tile import BACKWARD_STEP_US, value_tile
 
     tiles = value_tiles(arch)
+    forced = env_choice("QLABENCH_BWD_BV", ("auto", "32", "64"), "auto")
+    if forced != "auto":
+        if int(forced) not in tiles:
+            raise ValueError(f"QLABENCH_BWD_BV={forced}: {arch} has bwd_h / bwd_dh kernels for V tiles {tiles} only")
+        return int(forced)
     # ``longest_first``: the kernels dispatch the chains longest first (ChunkTable.seq_order), else in order
     chunks = sorted(chunks, reverse=True) if longest_first else chunks
     return value_tile(chunks, h_v, sm_count, {bv: BACKWARD_STEP_US[bv] for bv in tiles})
