@@ -103,3 +103,25 @@ def test_forward_value_tile_offers_128_on_sm90_auto_only(monkeypatch):
     monkeypatch.setenv("QLABENCH_FWD_BV", "96")
     with pytest.raises(ValueError, match="QLABENCH_FWD_BV must be one of"):
         forward_value_tile(chains, 64, 132, sm90, 128)
+
+
+def test_backward_value_tile_switch(monkeypatch):
+    """QLABENCH_BWD_BV forces the V tile of bwd_h / bwd_dh (the A/B switch); a tile the arch has no kernels for, or
+    a value outside 32 / 64, is a ValueError naming it."""
+    from qlabench.kernels.backward import _value_tile
+
+    chains = [512]  # hk16_hv16 1x32768 without CP: 16 blocks at either tile
+    monkeypatch.delenv("QLABENCH_BWD_BV", raising=False)
+    auto = _value_tile(chains, 16, 132, "sm90")
+    assert auto in (32, 64)
+    monkeypatch.setenv("QLABENCH_BWD_BV", "64")
+    assert _value_tile(chains, 16, 132, "sm90") == 64
+    monkeypatch.setenv("QLABENCH_BWD_BV", "32")
+    assert _value_tile(chains, 16, 132, "sm90") == 32
+    with pytest.raises(ValueError, match="QLABENCH_BWD_BV=32: sm100 has bwd_h / bwd_dh kernels for V tiles"):
+        _value_tile(chains, 16, 132, "sm100")
+    monkeypatch.setenv("QLABENCH_BWD_BV", "128")
+    with pytest.raises(ValueError, match="QLABENCH_BWD_BV must be one of auto, 32, 64, got '128'"):
+        _value_tile(chains, 16, 132, "sm90")
+    monkeypatch.setenv("QLABENCH_BWD_BV", "auto")
+    assert _value_tile(chains, 16, 132, "sm90") == auto
