@@ -106,7 +106,7 @@ def value_tiles(arch: str) -> tuple[int, ...]:
 def _value_tile(chunks, h_v: int, sm_count: int, arch: str, longest_first: bool = False) -> int:
     """V tile of bwd_h / bwd_dh for chains of ``chunks`` chunks (one per sequence or piece) over
     ``h_v`` v-heads on ``arch``: the smaller predicted makespan (value_tile.py) among the tiles the
-    arch's kernels take. QLABENCH_BWD_BV=32|64 forces a tile (the A/B switch; one ``arch`` has no kernels
+    arch's kernels take. QLABENCH_BWD_BV=32|64 forces a tile (the A/B switch; a tile ``arch`` has no kernels
     for is a ValueError)."""
     from .value_tile import BACKWARD_STEP_US, value_tile
 
