@@ -359,6 +359,11 @@ def twin_bwd_dh(q, k, do, Pg, Ag, fac, cu_seqlens, chunk_offsets, seq_order, chu
                           dvp_out, None, dh0_out, scale, has_skip, rows_with_skip=False)
 
 
+def _dh_rows(q, k, do, Pg, Ag, H):
+    """The reverse pass's token rows (Q, K, dO, Pg, Ag) in float64, q and k expanded to the ``H`` v-heads (`_dh_step`)."""
+    return _expand_heads(q, H), _expand_heads(k, H), do.to(F64), Pg.to(F64), Ag.to(F64)
+
+
 def _dh_step(dS, rows, t0, end, row, fac, scale, st):
     """One chunk of the reverse pass (`_emu_dh`) on token rows t0..end of ``rows`` = (Q, K, dO, Pg, Ag) float64 with
     chunk ``row``'s factors."""
@@ -376,7 +381,7 @@ def twin_bwd_dh_pipelined(q, k, do, Pg, Ag, fac, cu_seqlens, chunk_offsets, seq_
     were."""
     C, H = Pg.shape[-1], do.shape[1]
     st = _Stager(dh_out.dtype)
-    rows = (_expand_heads(q, H), _expand_heads(k, H), do.to(F64), Pg.to(F64), Ag.to(F64))
+    rows = _dh_rows(q, k, do, Pg, Ag, H)
     cu, off = cu_seqlens.tolist(), chunk_offsets.tolist()
     for n in seq_order.tolist():  # the kernels' dispatch order (every sequence once)
         dS = dht[n].to(F64)
@@ -456,7 +461,7 @@ def twin_bwd_fused(q, k, v, do, g_cumsum, beta, A, h, dht, chains, dq_out, dk_ou
     fac = torch.zeros(n_rows, H, 3, C, dtype=f32_buffers(q.dtype))
     twin_bwd_prepare(q, k, g_cumsum, beta, A, bounds, Pg, Ag, fac, scale)
     st = _Stager(h.dtype)
-    rows_f64 = (_expand_heads(q, H), _expand_heads(k, H), do.to(F64), Pg.to(F64), Ag.to(F64))
+    rows_f64 = _dh_rows(q, k, do, Pg, Ag, H)
     dh = torch.zeros(n_rows, *h.shape[1:], dtype=h.dtype)
     dvp = torch.zeros(v.shape, dtype=v.dtype)
     for n, (bos, eos, cbase) in enumerate(chains.tolist()):
