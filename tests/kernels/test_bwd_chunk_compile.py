@@ -23,7 +23,7 @@ SIZES = {
     **dict.fromkeys(("A_s", "Ag_s", "dP_s"), C * C * 2),
     "F_s": C * (C + 4) * 4,  # rows padded (bwd_chunk.F_PAD)
     "dgu_s": 2 * C * 4,
-    **dict.fromkeys(("gam_s", "beta_s", "kt1_s", "sv_s", "dgam_s", "dgq_s", "dgm_s", "dbc_s", "dbr_s"), C * 4),
+    **dict.fromkeys(("gam_s", "beta_s", "kt1_s", "sv_s", "dgq_s", "dgm_s", "dbc_s", "dbr_s"), C * 4),
 }
 SHARED_LIMIT = 227 * 1024
 

@@ -55,7 +55,7 @@ Per v-head, each warpgroup w runs (named barriers at 256 threads between the ste
   * warpgroup 0 (dq): dq += scale diag(e) dO S0^T (64x128x128) and rowdot(Q, dq0); dq += dP K (64x128x64);
     the WY-inverse terms A^T dA, T1 A^T (64x64x64), K K^T (64x64x128) -> dbeta's row term and dAs (dM into
     F only once warpgroup 1 has read X there: BAR_XREAD); the hand-off barrier; the dgam0 tail and the
-    dg / dbeta stores (row sums by thread pairs and a shuffle, no shared workspace);
+    dg / dbeta stores (warp 0 alone: a butterfly sum and a suffix scan by shuffles, no shared workspace);
   * warpgroup 1 (dk): dgam's mask term rowsum(X) - colsum(X) (then arrives at BAR_XREAD); dk += r .* (V' dS^T)
     (64x128x128) and the r-terms; dk += dU S0^T (64x128x128) + dP^T Q (64x128x64); sum(S0 .* dS) as row
     pairs; the hand-off barrier; dk += dAs K (64x128x64), in parallel with warpgroup 0's tail.
@@ -68,7 +68,7 @@ Per v-head, each warpgroup w runs (named barriers at 256 threads between the ste
   stored directly fills half of each 32-byte sector).
 Shared memory (bf16 unless said): Q, K, V (then W; after the C x C products T1 in its first 64 columns
 and dAs in its last 64), dO, dV', dU, V' 7 x 16 KB; S0, dS 2 x 32 KB; A, Ag (then dA), dP
-3 x 8 KB; F (fp32 C x C: Y, then X, then dM; rows padded to C + F_PAD) 17 KB; 11 fp32 C-vectors; 4 mbarriers: 220 KB. Every buffer keeps its
+3 x 8 KB; F (fp32 C x C: Y, then X, then dM; rows padded to C + F_PAD) 17 KB; 10 fp32 C-vectors; 4 mbarriers: 220 KB. Every buffer keeps its
 own bytes (TileLang's default merge; no liveness-based overlap between the concurrent branches,
 tests/kernels/test_bwd_chunk_compile.py checks the compiled offsets). Registers (cuobjdump -res-usage, sm_90a,
 session 26): 240, no local memory.
@@ -229,7 +229,6 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
             dgu_s = T.alloc_shared((2, C), "float32")  # the e-term's two column-half partials
             kt1_s = T.alloc_shared((C,), "float32")
             sv_s = T.alloc_shared((C,), "float32")
-            dgam_s = T.alloc_shared((C,), "float32")
             dgq_s = T.alloc_shared((C,), "float32")
             dgm_s = T.alloc_shared((C,), "float32")
             dbc_s = T.alloc_shared((C,), "float32")
@@ -291,7 +290,7 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
                                     dU_s, Vp_s, A_s, Ag_s, S0_s, dS_s, dP_s, F_s, gam_s, beta_s, dgu_s, dbc_s, U0,
                                     prod0, red0, cc0, dpg0, p0, x0, gam_last0, colsum0, c, t0, end, hv, scale)
                         steps.dq_branch(True, tx, gam_last0, tail, rowsum, hv, Q_s, K_s, V_s, dO_s, S0_s, A_s, Ag_s,
-                                        dP_s, F_s, gam_s, beta_s, sv_s, kt1_s, dgu_s, dgq_s, dgm_s, dgam_s, dbc_s, dbr_s,
+                                        dP_s, F_s, gam_s, beta_s, sv_s, kt1_s, dgu_s, dgq_s, dgm_s, dbc_s, dbr_s,
                                         dq_f, acc0, T1_f, T2_f, KK_f, red0q, red0b, dg_out, dbeta_out, t0, end, scale)
                     steps.store_rows(0, dq_f, dO_s, dq_out, t0, end, hk)  # dO_s: dead once past the last BAR_HANDOFF
                 else:

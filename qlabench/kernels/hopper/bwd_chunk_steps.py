@@ -37,6 +37,7 @@ def chunk_steps(C: int, K: int, V: int, dtype: str) -> SimpleNamespace:
     dv_du_w and masks (steps of both warpgroups), dq_branch, dk_branch, dg_tail, store_rows."""
     HC = C // 2
     HV = V // 2
+    assert HC == 32, "dg_tail maps a warp's 32 lanes onto the chunk's row pairs"
 
     @T.macro
     def load_scalars(w: int, g_cumsum, beta, gam_s, beta_s, t0, end, hv):
@@ -112,30 +113,38 @@ def chunk_steps(C: int, K: int, V: int, dtype: str) -> SimpleNamespace:
         T.sync_threads(BAR_MASKS, 256)
 
     @T.macro
-    def dg_tail(lt, gam_last: T.Ref, tail: T.Ref, rowsum: T.Ref, hv, sv_s, kt1_s, dgu_s, dgq_s, dgm_s, dgam_s,
-                dbc_s, dbr_s, dg_out, dbeta_out, t0, end):
+    def dg_tail(lt, gam_last: T.Ref, tail: T.Ref, rowsum: T.Ref, hv, sv_s, kt1_s, dgu_s, dgq_s, dgm_s, dbc_s, dbr_s,
+                dg_out, dbeta_out, t0, end):
         """dgam0 = e-term - r-terms; the last real row L gets exp(gam_last) sum(S0 .* dS) + sum_{i < L} r-terms;
         then dgam = dgam0 + rowdot(Q, dq0) + mask term; dg = its reverse in-chunk cumsum, dbeta = column term + row
-        term. Warpgroup 0's thread pair (2 i, 2 i + 1) owns row i, each summing one half of the C terms."""
-        tail = 0.0
-        for jj in T.serial(HC):
-            tail = tail + (T.exp(gam_last) * sv_s[(lt & 1) * HC + jj]
-                           + T.if_then_else(t0 + (lt & 1) * HC + jj < end - 1, kt1_s[(lt & 1) * HC + jj], 0.0))
-        tail = tail + T.shfl_xor(tail, 1)
-        if (lt & 1) == 0:
-            dgam_s[lt >> 1] = T.if_then_else(
-                t0 + (lt >> 1) < end,
-                dgu_s[0, lt >> 1] + dgu_s[1, lt >> 1]
-                + T.if_then_else(t0 + (lt >> 1) == end - 1, tail, -kt1_s[lt >> 1])
-                + dgq_s[lt >> 1] + dgm_s[lt >> 1], 0.0)
-        T.sync_threads(BAR_LOCAL[0], 128)
-        rowsum = 0.0
-        for jj in T.serial(HC):
-            rowsum = rowsum + T.if_then_else((lt & 1) * HC + jj >= (lt >> 1), dgam_s[(lt & 1) * HC + jj], 0.0)
-        rowsum = rowsum + T.shfl_xor(rowsum, 1)
-        if (lt & 1) == 0 and t0 + (lt >> 1) < end:
-            dg_out[t0 + (lt >> 1), hv] = rowsum
-            dbeta_out[t0 + (lt >> 1), hv] = dbc_s[lt >> 1] + dbr_s[lt >> 1]
+        term. Warp 0 of warpgroup 0 alone, lane l owning rows 2 l and 2 l + 1, with shuffles only: a butterfly sum for
+        row L's term and a suffix scan over the lanes for the cumsum (~10 shuffle steps; the former thread-pair loops
+        summed 2 x 32 shared-memory terms serially on warpgroup 0's path to the next chunk)."""
+        if lt < 32:
+            # the last real row's extra term exp(gam_last) sum(S0 .* dS) + sum_{i < L} kt1_i: a butterfly sum
+            tail = (T.exp(gam_last) * sv_s[lt] + T.if_then_else(t0 + lt < end - 1, kt1_s[lt], 0.0)
+                    + T.exp(gam_last) * sv_s[lt + HC] + T.if_then_else(t0 + lt + HC < end - 1, kt1_s[lt + HC], 0.0))
+            for s in T.unroll(5):
+                tail = tail + T.shfl_xor(tail, 16 >> s)
+            pair = T.alloc_local((4,), "float32")  # dgam of rows 2 l, 2 l + 1, then the suffix sums
+            for e in T.unroll(2):
+                pair[e] = T.if_then_else(
+                    t0 + 2 * lt + e < end,
+                    dgu_s[0, 2 * lt + e] + dgu_s[1, 2 * lt + e]
+                    + T.if_then_else(t0 + 2 * lt + e == end - 1, tail, -kt1_s[2 * lt + e])
+                    + dgq_s[2 * lt + e] + dgm_s[2 * lt + e], 0.0)
+            # inclusive suffix sum over the lanes of the pair sums (Kogge-Stone, shuffles down)
+            rowsum = pair[0] + pair[1]
+            for s in T.unroll(5):
+                pair[2] = T.shfl_down(rowsum, 1 << s)
+                rowsum = rowsum + T.if_then_else(lt + (1 << s) < 32, pair[2], 0.0)
+            pair[3] = T.shfl_down(rowsum, 1)  # the suffix from row 2 l + 2
+            pair[1] = pair[1] + T.if_then_else(lt < 31, pair[3], 0.0)
+            pair[0] = pair[0] + pair[1]
+            for e in T.unroll(2):
+                if t0 + 2 * lt + e < end:
+                    dg_out[t0 + 2 * lt + e, hv] = pair[e]
+                    dbeta_out[t0 + 2 * lt + e, hv] = dbc_s[2 * lt + e] + dbr_s[2 * lt + e]
 
     @T.macro
     def store_rows(w: int, acc, stage_s, out, t0, end, head):
@@ -149,7 +158,7 @@ def chunk_steps(C: int, K: int, V: int, dtype: str) -> SimpleNamespace:
 
     @T.macro
     def dq_branch(accumulate: bool, lt, gam_last: T.Ref, tail: T.Ref, rowsum: T.Ref, hv, Q_s, K_s, V_s, dO_s, S0_s,
-                  A_s, Ag_s, dP_s, F_s, gam_s, beta_s, sv_s, kt1_s, dgu_s, dgq_s, dgm_s, dgam_s, dbc_s, dbr_s, dq_f,
+                  A_s, Ag_s, dP_s, F_s, gam_s, beta_s, sv_s, kt1_s, dgu_s, dgq_s, dgm_s, dbc_s, dbr_s, dq_f,
                   acc0, T1_f, T2_f, KK_f, red0q, red0b, dg_out, dbeta_out, t0, end, scale):
         """Warpgroup 0 after the shared steps: dq (added to dq_f with ``accumulate``, else into it), the WY-inverse
         terms, the hand-off, the dg / dbeta tail."""
@@ -183,8 +192,8 @@ def chunk_steps(C: int, K: int, V: int, dtype: str) -> SimpleNamespace:
         wy_inverse_grad(T2_f, KK_f, beta_s, KK_f, red0b, F_s, dbr_s, V_s, C, dtype, C)
         T.fence_proxy_async()
         T.sync_threads(BAR_HANDOFF, 256)
-        dg_tail(lt, gam_last, tail, rowsum, hv, sv_s, kt1_s, dgu_s, dgq_s, dgm_s, dgam_s, dbc_s, dbr_s, dg_out,
-                dbeta_out, t0, end)
+        dg_tail(lt, gam_last, tail, rowsum, hv, sv_s, kt1_s, dgu_s, dgq_s, dgm_s, dbc_s, dbr_s, dg_out, dbeta_out, t0,
+                end)
 
     @T.macro
     def dk_branch(accumulate: bool, wait_ds: bool, ld, parity, gam_last: T.Ref, Q_s, K_s, V_s, Vp_s, dU_s, S0_s, dS_s,

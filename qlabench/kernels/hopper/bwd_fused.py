@@ -26,8 +26,10 @@ dq / dk would need a group reduction. Threads: 256 (two warpgroups, as bwd_chunk
 
 Per chunk, each warpgroup w (named barriers at 256 threads between steps, as bwd_chunk):
   * BAR_TOP (both done with the previous chunk); warpgroup 0 issues the chunk's TMA loads: ld[0] = Q, K, S0;
-    ld[1] = V, A, dO; each writes bf16(dS half) into dS_s and loads its half of gam, beta; a partial chunk's rows
-    past the end are zeroed by row halves; BAR_LOADED.
+    ld[1] = V, A, dO; each writes bf16(dS half) into dS_s and its half of gam, beta into gam_s, beta_s (from
+    registers loaded at the previous chunk's top; the chain's first, possibly partial, chunk loads them there) and
+    issues the loads of the next chunk's half; a partial chunk's rows past the end are zeroed by row halves;
+    BAR_LOADED.
   * U = K S0, K dS and P = Q K^T on its halves (in flight together); Ag and Pg of its C x C columns (BAR_AG).
   * dV' = r .* K dS + Pg^T dO on its V columns -> dV'_s; then bwd_chunk's steps: dv = Ag^T dV' (stored), dU, W,
     V' = Ag W, dAb, dPg, X, Y, dA, dP, colsum(Y) (BAR_W, BAR_VP, BAR_MASKS).
@@ -71,7 +73,8 @@ def bwd_fused_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
     @T.macro
     def chunk_part(w: int, lt, cr, ld, q, k, v, do, dv_out, A, h, g_cumsum, beta, Q_s, K_s, V_s, dO_s, dVp_s, dU_s,
                    Vp_s, A_s, Ag_s, S0_s, dS_s, dP_s, F_s, gam_s, beta_s, dgu_s, dbc_s, dS_f, U_f, kds_f, prod_f,
-                   red_f, cc_f, dpg_f, p_f, x_f, gam_last: T.Ref, colsum: T.Ref, hc, t0, end, hv, scale):
+                   red_f, cc_f, dpg_f, p_f, x_f, gam_last: T.Ref, colsum: T.Ref, hc, t0, end, hv, scale, n_run,
+                   g_next: T.Ref, b_next: T.Ref):
         """Warpgroup w's half of the chunk's shared steps and of the dS chain."""
         T.fence_proxy_async()  # this thread's generic writes of the last chunk before the next TMA writes
         T.sync_threads(BAR_TOP, 256)
@@ -84,7 +87,17 @@ def bwd_fused_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
             T.tma_copy(do[t0:t0 + C, hv, :], dO_s, barrier=ld[1])
             T.mbarrier_arrive(ld[0])
             T.mbarrier_arrive(ld[1])
-        steps.load_scalars(w, g_cumsum, beta, gam_s, beta_s, t0, end, hv)
+        # this warpgroup's half of gam, beta: the chain's last chunk (the only partial one) loads its own; every other
+        # chunk's were loaded into registers at the top of the chunk after it (the walk's previous), so no global
+        # load latency is waited for here (measured 2-3 % of the backward at hk16_hv16 32k, session 30)
+        if cr == 0:
+            steps.load_scalars(w, g_cumsum, beta, gam_s, beta_s, t0, end, hv)
+        elif lt < HC:
+            gam_s[w * HC + lt] = g_next
+            beta_s[w * HC + lt] = b_next
+        if cr + 1 < n_run and lt < HC:  # the next (earlier, full) chunk's, first read at its top
+            g_next = g_cumsum[t0 - C + w * HC + lt, hv]
+            b_next = beta[t0 - C + w * HC + lt, hv]
         T.copy(dS_f, dS_s[:, w * HV:(w + 1) * HV])  # bf16 of this half of the chunk-end gradient
         T.mbarrier_wait_parity(ld[0], cr & 1)
         T.mbarrier_wait_parity(ld[1], cr & 1)
@@ -187,7 +200,6 @@ def bwd_fused_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
             dgu_s = T.alloc_shared((2, C), "float32")
             kt1_s = T.alloc_shared((C,), "float32")
             sv_s = T.alloc_shared((C,), "float32")
-            dgam_s = T.alloc_shared((C,), "float32")
             dgq_s = T.alloc_shared((C,), "float32")
             dgm_s = T.alloc_shared((C,), "float32")
             dbc_s = T.alloc_shared((C,), "float32")
@@ -231,6 +243,8 @@ def bwd_fused_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
             colsum1 = T.alloc_var("float32")
             tail = T.alloc_var("float32")
             rowsum = T.alloc_var("float32")
+            g_next = T.alloc_var("float32", init=0.0)  # the next chunk's gam, beta of this thread's row (lt < C / 2)
+            b_next = T.alloc_var("float32", init=0.0)
 
             tx = T.get_thread_binding()
             bos = chain_bounds[n, 0]
@@ -247,9 +261,9 @@ def bwd_fused_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
                     chunk_part(0, tx, cr, ld, q, k, v, do, dv_out, A, h, g_cumsum, beta, Q_s, K_s, V_s, dO_s, dVp_s,
                                dU_s, Vp_s, A_s, Ag_s, S0_s, dS_s, dP_s, F_s, gam_s, beta_s, dgu_s, dbc_s, dS0, U0,
                                kds0, prod0, red0, cc0, dpg0, p0, x0, gam_last0, colsum0, cbase + c, t0, end, hv,
-                               scale)
+                               scale, n_run, g_next, b_next)
                     steps.dq_branch(False, tx, gam_last0, tail, rowsum, hv, Q_s, K_s, V_s, dO_s, S0_s, A_s, Ag_s, dP_s,
-                                    F_s, gam_s, beta_s, sv_s, kt1_s, dgu_s, dgq_s, dgm_s, dgam_s, dbc_s, dbr_s, dq_f, acc0,
+                                    F_s, gam_s, beta_s, sv_s, kt1_s, dgu_s, dgq_s, dgm_s, dbc_s, dbr_s, dq_f, acc0,
                                     T1_f, T2_f, KK_f, red0q, red0b, dg_out, dbeta_out, t0, end, scale)
                     steps.store_rows(0, dq_f, dO_s, dq_out, t0, end, hv)
                 T.copy(dS0, dh0_out[n, hv, :, 0:HV])
@@ -262,7 +276,7 @@ def bwd_fused_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
                     chunk_part(1, tx - 128, cr, ld, q, k, v, do, dv_out, A, h, g_cumsum, beta, Q_s, K_s, V_s, dO_s,
                                dVp_s, dU_s, Vp_s, A_s, Ag_s, S0_s, dS_s, dP_s, F_s, gam_s, beta_s, dgu_s, dbc_s, dS1,
                                U1, kds1, prod1, red1, cc1, dpg1, p1, x1, gam_last1, colsum1, cbase + c, t0, end, hv,
-                               scale)
+                               scale, n_run, g_next, b_next)
                     steps.dk_branch(False, False, ld, 0, gam_last1, Q_s, K_s, V_s, Vp_s, dU_s, S0_s, dS_s, dP_s, F_s, gam_s,
                                     sv_s, kt1_s, dgm_s, dk_f, acc1, cc1, red1k, red1s, red1m)
                     steps.store_rows(1, dk_f, Vp_s, dk_out, t0, end, hv)
