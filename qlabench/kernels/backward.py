@@ -195,8 +195,8 @@ def _dh_choice(bwd_dh: str | None = None) -> str:
 # (32k_2seq 1.05) and, once bwd_fused loaded each chunk's gates one chunk ahead, came within 1.00-1.01 (session 30,
 # results/h200/2026-12-04_s30/: 1.419 / 1.421 ms against 1.416 in two calls, 1.433 against 1.415 in one at the final
 # commit) with 0.74x the peak memory (939 -> 699 MiB: under flash-qla's 1.25x, where no path that stores dh fits);
-# 22.9 chains and more (8k_4seq, 32k_4seq, 32k_8seq) lose 1.07-1.17. Without CP, where one block walks a whole sequence, it lost 1.8-3.3x. It holds no dh
-# buffer: 0.74x the default's peak memory at 32k_1seq.
+# 22.9 chains and more (8k_4seq, 32k_4seq, 32k_8seq) lose 1.07-1.17. Without CP, where one block walks a whole
+# sequence, it lost 1.8-3.3x. It holds no dh buffer: 0.74x the default's peak memory at 32k_1seq.
 FUSED_MAX_CHAINS = 21
 
 
