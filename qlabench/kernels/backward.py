@@ -479,15 +479,17 @@ def _bwd_fused(p, kernels, q2, k2, v2, do2, g2, b2, A2, table, h0, dht2, h, mask
     kernels["bwd_prepare"](q2, k2, g2, b2, A2, table.chunk_bounds, Pg, Ag, fac, p.scale)
     kernels["bwd_h"](k2, v2, A2, fac, table.cu_seqlens, table.chunk_offsets, table.seq_order, h0, h)
     del Pg, Ag, fac
-    chains = fused_chains(table.cu_seqlens, table.chunk_offsets)
+    chains = fused_chains(table.cu_seqlens, table.chunk_offsets, table.seq_order)
     dq, dk, dv, dbeta, dg, dh0 = fused_grads(kernels, p, q2, k2, v2, do2, g2, b2, A2, h, dht2, chains)
     return gradients_out(p, table, cu_seqlens, dq, dk, dv, dbeta, dg, dh0, beta, initial_state, state_v_first)
 
 
-def fused_chains(cu: torch.Tensor, chunk_offsets: torch.Tensor) -> torch.Tensor:
-    """bwd_fused's chain table `[n, 3]` int32 (bos, eos, index of the chain's first chunk in h) from a cu_seqlens of
-    the chains and their chunk offsets (a chunk table's, or a CP plan's cu_pieces / chunk_offsets)."""
-    return torch.stack([cu[:-1], cu[1:], chunk_offsets[:-1]], 1).to(torch.int32).contiguous()
+def fused_chains(cu: torch.Tensor, chunk_offsets: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """bwd_fused's chain table `[n, 4]` int32 (bos, eos, index of the chain's first chunk in h, chain) in the dispatch
+    ``order`` (`[n]`, a chunk table's seq_order: longest first) from a cu_seqlens of the chains and their chunk
+    offsets; a CP plan has its own (`CPPlan.fused_chains`)."""
+    n = order.long()
+    return torch.stack([cu[n], cu[n + 1], chunk_offsets[n], n], 1).to(torch.int32).contiguous()
 
 
 def fused_grads(kernels, p, q2, k2, v2, do2, g2, b2, A2, h, dht, chains, dv=None):

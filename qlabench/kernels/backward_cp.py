@@ -245,7 +245,7 @@ def _bwd_cp(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, s
             transitions: PieceTransitions | None = None, masks=None):
     """The orchestration; ``kernels`` are the device kernels or their float64 twins; ``masks`` the forward's
     `forward.KktMasks` when kernels' bwd_prepare forms only the missing ones, else None."""
-    from .backward import chunk_grads, dv_in_chunk, fused_chains, fused_grads, gradients_out, mask_buffers
+    from .backward import chunk_grads, dv_in_chunk, fused_grads, gradients_out, mask_buffers
 
     C = arch.chunk_size
     check_cp_arguments(p, plan, decay_threshold, transition, C)
@@ -308,7 +308,7 @@ def _bwd_cp(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, s
 
     # (f) per-chunk gradients over the original chunks (as backward.py); fused: per piece from its end gradient
     if fused:
-        chains = fused_chains(plan.cu_pieces, plan.chunk_offsets)
+        chains = plan.fused_chains
         dq_v, dk_v, dv, dbeta, dg, dh0_pieces = fused_grads(bwd, p, q2, k2, v2, do2, g2, b2, A2, h, dht_pieces, chains,
                                                             dv)
     else:

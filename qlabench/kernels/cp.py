@@ -170,6 +170,9 @@ class CPPlan:
             dispatch the pieces (of the local reverse pass's range) in (common/bwd_h.sequence_block): token order.
             Longest first measured slower here (session 25: hk4_hv8 32k_2seq 1.04x), where the plain
             backward's sequences gain from it (`ChunkTable.seq_order`).
+        fused_chains `[P, 4]` int32: hopper/bwd_fused's chain table, (bos, eos, first chunk row, piece) per piece,
+            longest first (ties in token order): its order is the fused kernel's dispatch order (one block per SM
+            walks a whole piece, so the long walks go first; `backward.fused_chains` for the plain path).
     """
 
     enabled: bool
@@ -221,6 +224,7 @@ class CPPlan:
     pass1_rev_valid: torch.Tensor | None = None
     pass1_rev_last32: torch.Tensor | None = None
     pass1_piece32: torch.Tensor | None = None
+    fused_chains: torch.Tensor | None = None
 
     @property
     def n_pieces(self) -> int:
@@ -362,6 +366,8 @@ def build_plan(cu: list[int], piece_chunks: int | None, chunk_size: int, device)
         for l_idx, n in enumerate(long_seqs):
             for i in range(counts[n] - 1):
                 dht_src[first[n] + i] = (counts[n] - 2 - i) * nl + l_idx
+    by_length = sorted(range(P), key=lambda j: offsets[j] - offsets[j + 1])  # longest first, stable
+    fused = [[pieces[j][0], pieces[j][1], offsets[j], j] for j in by_length]
     return CPPlan(
         enabled=pass1 is not None, piece_chunks=L or 0, chunk_size=C, n_seqs=N, pieces=tuple(pieces),
         pass1=pass1, n_slots=n_slots, long_seqs=long_seqs,
@@ -370,7 +376,7 @@ def build_plan(cu: list[int], piece_chunks: int | None, chunk_size: int, device)
         pass1_cu=pass1_cu, pass1_chunk_offsets=pass1_off, piece_start=piece_start, piece_end=piece_end,
         slot_src=slot_src, slot_seq=slot_seq, h0_src=up(h0_src, i64),
         first_piece=up(first, i64), dht_src=up(dht_src, i64),
-        piece_order=up(list(range(P)), i32), **bwd, **warm,
+        piece_order=up(list(range(P)), i32), fused_chains=up(fused, i32).reshape(P, 4), **bwd, **warm,
     )
 
 

@@ -446,12 +446,12 @@ def twin_bwd_chunk(q, k, v, do, dvp_dv, g_cumsum, beta, A, h, dh, chunk_bounds, 
 
 def twin_bwd_fused(q, k, v, do, g_cumsum, beta, A, h, dht, chains, dq_out, dk_out, dv_out, dbeta_out, dg_out, dh0_out,
                    scale):
-    """hopper/bwd_fused.py: per chain (bos, eos, first chunk's row of h) and v-head, the reverse pass from dht and
+    """hopper/bwd_fused.py: per chain (bos, eos, first chunk's row of h, row n of dht / dh0) and v-head, the reverse pass from dht and
     every per-chunk gradient, as `twin_bwd_dh` then `twin_bwd_chunk` over the chains' chunks (the kernel's rounding
     points are theirs: dS and dV' staged, Pg and Ag formed in bf16 from fp32; only fp32 summation orders differ)."""
     T, H, C = v.shape[0], v.shape[1], A.shape[-1]
     rows = []
-    for bos, eos, cbase in chains.tolist():
+    for bos, eos, cbase, _ in chains.tolist():
         rows += [(cbase + c, t0, min(t0 + C, eos)) for c, t0 in enumerate(range(bos, eos, C))]
     n_rows = max((r for r, _, _ in rows), default=-1) + 1
     bounds = torch.zeros(n_rows, 2, dtype=torch.int32)
@@ -464,7 +464,7 @@ def twin_bwd_fused(q, k, v, do, g_cumsum, beta, A, h, dht, chains, dq_out, dk_ou
     rows_f64 = _dh_rows(q, k, do, Pg, Ag, H)
     dh = torch.zeros(n_rows, *h.shape[1:], dtype=h.dtype)
     dvp = torch.zeros(v.shape, dtype=v.dtype)
-    for n, (bos, eos, cbase) in enumerate(chains.tolist()):
+    for bos, eos, cbase, n in chains.tolist():
         dS = dht[n].to(F64)
         starts = list(range(bos, eos, C))
         for c in reversed(range(len(starts))):

@@ -101,3 +101,27 @@ def test_auto_takes_fused_on_cp_backwards_of_few_chains():
     assert choice([0, 32768], 16, 16, sm100) == "auto"
     assert choice([0, 32768], 16, 16, bwd_dh="ws") == "ws"
     assert choice([0, 32768], 16, 16, bwd_dh="fused") == "fused"
+
+
+def test_plan_lists_fused_chains_longest_first():
+    """CPPlan.fused_chains is bwd_fused's dispatch order: every piece once, (bos, eos, first chunk row, piece), longest
+    first with ties in token order (one block per SM walks a whole piece, so the long walks start first)."""
+    from qlabench.kernels.cp import build_plan
+
+    plan = build_plan([0, 100, 100, 430, 470], 4, 16, "cpu")  # pieces 0-1: 64+36, 2: empty, 3-8: 5x64+10, 9: 40
+    rows = plan.fused_chains.tolist()
+    assert sorted(r[3] for r in rows) == list(range(plan.n_pieces))
+    for bos, eos, cbase, j in rows:
+        assert (bos, eos) == plan.pieces[j][:2] and cbase == plan.chunk_offsets[j].item()
+    lengths = [-(-(eos - bos) // 16) for bos, eos, _, _ in rows]
+    assert lengths == sorted(lengths, reverse=True)
+    assert [r[3] for r in rows][:6] == [0, 3, 4, 5, 6, 7]  # the 4-chunk pieces in token order
+    assert rows[-1][3] == 2  # the empty sequence's piece last
+
+
+def test_plain_fused_chains_follow_the_dispatch_order():
+    cu = torch.tensor([0, 10, 100, 100, 130], dtype=torch.int32)
+    offsets = torch.tensor([0, 1, 7, 7, 9], dtype=torch.int32)
+    got = backward.fused_chains(cu, offsets, torch.tensor([1, 3, 0, 2], dtype=torch.int32))
+    assert got.dtype == torch.int32 and got.tolist() == [[10, 100, 1, 1], [100, 130, 7, 3], [0, 10, 0, 0],
+                                                         [100, 100, 7, 2]]

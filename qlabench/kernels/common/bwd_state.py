@@ -95,15 +95,3 @@ def store_dgam0(S0_s, dS_s, ss_s, kt1_s, dgu_s, gam_last: T.Ref, row_sum: T.Ref,
         if t0 + i < end:
             dgam0_out[t0 + i, by] = dgu_s[i] + T.if_then_else(
                 t0 + i == end - 1, T.exp(gam_last) * ss + kt1_sum, -kt1_s[i])
-
-
-@T.macro
-def sv_rows(S0_s, dS_s, prod_f, red_f, sv_s, C: int, V: int):
-    """sum(dS .* S0) as one C x V reduction of row pairs (i, C + i) (K == 2 C): row sums into ``sv_s`` (C,)
-    (no loop, so the reduction's workspace can never be merged over a live partial)."""
-    for i, j in T.Parallel(C, V):
-        prod_f[i, j] = (T.cast(S0_s[i, j], "float32") * T.cast(dS_s[i, j], "float32")
-                        + T.cast(S0_s[C + i, j], "float32") * T.cast(dS_s[C + i, j], "float32"))
-    T.reduce_sum(prod_f, red_f, dim=1)
-    for i in T.Parallel(C):
-        sv_s[i] = red_f[i]

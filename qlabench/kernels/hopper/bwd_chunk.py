@@ -34,7 +34,7 @@ here warpgroup 0 carries only dq's sum and warpgroup 1 only dk's.
 The mask term rowsum(X) - colsum(X) is a cancellation under strong decay, so X stays fp32 and is
 differenced element by element (X_ij - X_ji) before the row sum (in a GEMM accumulator's layout, so a
 row stays within a quad of lanes); dbeta's column term colsum(Y) takes 4 threads per column and two
-shuffles; sum(dS .* S0) is a tree reduction (common/bwd_state.sv_rows).
+shuffles; sum(dS .* S0) takes one K row per thread and a butterfly per warp (bwd_chunk_steps.sv_sum).
 
 Grid: (NCmax chunks, H_qk); blocks of the chunk table's unused rows do nothing. Threads: 256.
 Loads are TMA boxes of whole C-row tiles (one elected thread issues them; mbarriers ld_qk, ld[0..3]): rows
@@ -261,7 +261,6 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
             dk_f = T.alloc_fragment((C, K), "float32")  # dk summed over the group
             acc1 = T.alloc_fragment((C, K), "float32")  # V' dS^T, then S0 .* dS row pairs
             red1k = T.alloc_fragment((C,), "float32")
-            red1s = T.alloc_fragment((C,), "float32")
             red1m = T.alloc_fragment((C,), "float32")
             gam_last0 = T.alloc_var("float32")
             gam_last1 = T.alloc_var("float32")
@@ -301,7 +300,7 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
                                     dVp_s, dU_s, Vp_s, A_s, Ag_s, S0_s, dS_s, dP_s, F_s, gam_s, beta_s, dgu_s, dbc_s,
                                     U1, prod1, red1, cc1, dpg1, p1, x1, gam_last1, colsum1, c, t0, end, hv, scale)
                         steps.dk_branch(True, True, ld, g & 1, gam_last1, Q_s, K_s, V_s, Vp_s, dU_s, S0_s, dS_s, dP_s,
-                                        F_s, gam_s, sv_s, kt1_s, dgm_s, dk_f, acc1, cc1, red1k, red1s, red1m)
+                                        F_s, gam_s, sv_s, kt1_s, dgm_s, dk_f, acc1, cc1, red1k, red1m)
                     steps.store_rows(1, dk_f, Vp_s, dk_out, t0, end, hk)  # V' is dead there too
 
     return compile_for(bwd_chunk, arch)

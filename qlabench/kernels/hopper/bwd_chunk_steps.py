@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import tilelang.language as T
 
 from ..common.bwd_intra import wy_inverse_grad
-from ..common.bwd_state import kt1_terms, sv_rows
+from ..common.bwd_state import kt1_terms
 
 # named barriers (0-4 are TileLang's own)
 BAR_TOP = 5  # both warpgroups finished the previous v-head: its buffers may be overwritten
@@ -34,7 +34,7 @@ F_PAD = 4
 
 def chunk_steps(C: int, K: int, V: int, dtype: str) -> SimpleNamespace:
     """The shared macros for chunks of C tokens, head dims K = V = 2 C, tiles in ``dtype``: load_scalars, ag_columns,
-    dv_du_w and masks (steps of both warpgroups), dq_branch, dk_branch, dg_tail, store_rows."""
+    dv_du_w and masks (steps of both warpgroups), dq_branch, dk_branch, sv_sum, dg_tail, flush_rows, store_rows."""
     HC = C // 2
     HV = V // 2
     assert HC == 32, "dg_tail maps a warp's 32 lanes onto the chunk's row pairs"
@@ -147,14 +147,44 @@ def chunk_steps(C: int, K: int, V: int, dtype: str) -> SimpleNamespace:
                     dbeta_out[t0 + 2 * lt + e, hv] = dbc_s[2 * lt + e] + dbr_s[2 * lt + e]
 
     @T.macro
+    def flush_rows(stage_s, out, r0, r_end, head):
+        """A staged C x K tile's rows r0 .. r_end - 1 out as whole 16-byte row segments (the accumulator layout
+        stored directly fills half of each 32-byte sector)."""
+        for i, j in T.Parallel(C, K):
+            if r0 + i < r_end:
+                out[r0 + i, head, j] = stage_s[i, j]
+
+    @T.macro
     def store_rows(w: int, acc, stage_s, out, t0, end, head):
         """Warpgroup w's dq or dk out in the inputs' dtype, through a tile no one reads any more (stmatrix in, then
-        whole 16-byte rows out: the accumulator layout stored directly fills half of each 32-byte sector)."""
+        flush_rows)."""
         T.copy(acc, stage_s)
         T.sync_threads(BAR_LOCAL[w], 128)
-        for i, j in T.Parallel(C, K):
-            if t0 + i < end:
-                out[t0 + i, head, j] = stage_s[i, j]
+        flush_rows(stage_s, out, t0, end, head)
+
+    @T.macro
+    def sv_sum(S0_s, dS_s, sv_s):
+        """sum(S0 .* dS) for the dgam0 tail on warpgroup 1: one K row per thread (16-byte row segments, fp32 products
+        summed in 8 lanes, then along the row), a butterfly per warp, the 4 warp sums into sv_s[0:4] and zeros in
+        sv_s[4:C] (dg_tail sums all C). Session 29's probes had the former C x V fragment reduction at ~2.2 k cycles
+        of warpgroup 1's ~26 k per chunk; with it bwd_fused's deferred dq / dk stores gained 0.967x against 0.981x
+        alone (session 31)."""
+        lt = T.get_thread_binding() - 128
+        seg = T.alloc_local((8,), "float32")
+        part = T.alloc_var("float32", init=0.0)
+        for e in T.vectorized(8):
+            seg[e] = 0.0
+        for jj in T.serial(V // 8):
+            for e in T.vectorized(8):
+                seg[e] = seg[e] + T.cast(S0_s[lt, jj * 8 + e], "float32") * T.cast(dS_s[lt, jj * 8 + e], "float32")
+        part = ((seg[0] + seg[1]) + (seg[2] + seg[3])) + ((seg[4] + seg[5]) + (seg[6] + seg[7]))
+        for s in T.unroll(5):
+            part = part + T.shfl_xor(part, 16 >> s)
+        if lt < C:
+            sv_s[lt] = 0.0
+        T.sync_threads(BAR_LOCAL[1], 128)
+        if lt % 32 == 0:
+            sv_s[lt // 32] = part
 
     @T.macro
     def dq_branch(accumulate: bool, lt, gam_last: T.Ref, tail: T.Ref, rowsum: T.Ref, hv, Q_s, K_s, V_s, dO_s, S0_s,
@@ -197,7 +227,7 @@ def chunk_steps(C: int, K: int, V: int, dtype: str) -> SimpleNamespace:
 
     @T.macro
     def dk_branch(accumulate: bool, wait_ds: bool, ld, parity, gam_last: T.Ref, Q_s, K_s, V_s, Vp_s, dU_s, S0_s, dS_s,
-                  dP_s, F_s, gam_s, sv_s, kt1_s, dgm_s, dk_f, acc1, cc1, red1k, red1s, red1m):
+                  dP_s, F_s, gam_s, sv_s, kt1_s, dgm_s, dk_f, acc1, cc1, red1k, red1m):
         """Warpgroup 1 after the shared steps: dgam's mask term, then dk = r .* (V' dS^T) + dU S0^T + dP^T Q + dAs K
         (added to dk_f with ``accumulate``, else into it) with the r-terms of dgam; ``wait_ds``: dS's tile lands on
         mbarrier ld[2] (waited for with ``parity``), else it is in shared memory already."""
@@ -224,9 +254,9 @@ def chunk_steps(C: int, K: int, V: int, dtype: str) -> SimpleNamespace:
         T.wgmma_gemm(dU_s, S0_s, dk_f, transpose_B=True)  # both into dk_f, one wait
         T.wgmma_gemm(dP_s, Q_s, dk_f, transpose_A=True)
         T.wait_wgmma(0)
-        sv_rows(S0_s, dS_s, acc1, red1s, sv_s, C, V)  # sum(S0 .* dS) for the dgam0 tail
+        sv_sum(S0_s, dS_s, sv_s)
         T.sync_threads(BAR_HANDOFF, 256)
         T.gemm(V_s[:, C:2 * C], K_s, dk_f)  # dAs K
 
     return SimpleNamespace(load_scalars=load_scalars, ag_columns=ag_columns, dv_du_w=dv_du_w, masks=masks,
-                           dg_tail=dg_tail, store_rows=store_rows, dq_branch=dq_branch, dk_branch=dk_branch)
+                           dg_tail=dg_tail, flush_rows=flush_rows, store_rows=store_rows, sv_sum=sv_sum, dq_branch=dq_branch, dk_branch=dk_branch)

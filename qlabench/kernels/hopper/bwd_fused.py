@@ -19,9 +19,12 @@ of dS and dO. bwd_chunk already forms U, dv, dU, W and V' on column halves, one 
 warpgroup also owns its half of dS in registers (K x V / 2 fp32: 64 per thread) and runs its half of the chain;
 no third warpgroup, no hand-off of the state.
 
-Grid: (n_chains, H_v), one block per (chain, v-head); chain_bounds[n] = (bos, eos, cbase): the chain's token range
-(chunk-aligned bos) and the row of h holding its first chunk's start state. dht[n] is the gradient at the chain's
-end (fp32, [K, V]); dh0[n] receives the gradient at its start. GQA (H_v > H_qk) is not supported yet: per-v-head
+Grid: (H_v, n_chains), one block per (v-head, chain); chain_bounds[j] = (bos, eos, cbase, n): the chain's token
+range (chunk-aligned bos), the row of h holding its first chunk's start state, and its row n of dht (the gradient at
+the chain's end, fp32 [K, V]) and of dh0 (the gradient at its start). The table's order is the dispatch order, v-heads
+fastest: the host lists the chains longest first (CPPlan.fused_chains), so with one block per SM the long walks start
+first and the short ones fill in behind them (a greedy schedule of the bench's 32k_2seq / 4seq / 8seq pieces ends
+after 64 chunk steps instead of 79-80 in token order). GQA (H_v > H_qk) is not supported yet: per-v-head
 dq / dk would need a group reduction. Threads: 256 (two warpgroups, as bwd_chunk).
 
 Per chunk, each warpgroup w (named barriers at 256 threads between steps, as bwd_chunk):
@@ -36,8 +39,9 @@ Per chunk, each warpgroup w (named barriers at 256 threads between steps, as bwd
   * The chain's end on its half: eDO -> dV'_s's columns (dV' is dead past BAR_MASKS), then dS = e_C dS + K^T dU +
     Q^T eDO (wgmma into the dS registers), in flight under the branch's work.
   * Warpgroup 0: dq and the WY-inverse terms and the dg / dbeta tail; warpgroup 1: dk (bwd_chunk's branches, the
-    macros of bwd_chunk_steps.py, shared with bwd_chunk). dq, dk are stored per chunk through the staging tiles
-    (dO_s, V'_s).
+    macros of bwd_chunk_steps.py, shared with bwd_chunk). dq, dk are staged at the chunk's end in tiles free until
+    the next chunk's dU and V' (dU_s, V'_s) and stored at the next chunk's top, after its TMA issue, under its load
+    wait; the chain's first chunk's after the walk.
 Shared memory: bwd_chunk's 220 KB (no new tile: Pg lives in dP_s until dP is formed, eDO in dV'_s once dV' is dead).
 Registers: bwd_chunk's + the dS half (64 per thread); the per-chunk dq / dk replace the group sums.
 """
@@ -74,8 +78,9 @@ def bwd_fused_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
     def chunk_part(w: int, lt, cr, ld, q, k, v, do, dv_out, A, h, g_cumsum, beta, Q_s, K_s, V_s, dO_s, dVp_s, dU_s,
                    Vp_s, A_s, Ag_s, S0_s, dS_s, dP_s, F_s, gam_s, beta_s, dgu_s, dbc_s, dS_f, U_f, kds_f, prod_f,
                    red_f, cc_f, dpg_f, p_f, x_f, gam_last: T.Ref, colsum: T.Ref, hc, t0, end, hv, scale, n_run,
-                   g_next: T.Ref, b_next: T.Ref):
-        """Warpgroup w's half of the chunk's shared steps and of the dS chain."""
+                   g_next: T.Ref, b_next: T.Ref, eos, out, stage_s):
+        """Warpgroup w's half of the chunk's shared steps and of the dS chain; first, the previous chunk's dq
+        (warpgroup 0) or dk (1) rows, staged in ``stage_s`` at its end, out to ``out``."""
         T.fence_proxy_async()  # this thread's generic writes of the last chunk before the next TMA writes
         T.sync_threads(BAR_TOP, 256)
         if w == 0:
@@ -98,6 +103,11 @@ def bwd_fused_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
         if cr + 1 < n_run and lt < HC:  # the next (earlier, full) chunk's, first read at its top
             g_next = g_cumsum[t0 - C + w * HC + lt, hv]
             b_next = beta[t0 - C + w * HC + lt, hv]
+        # the previous chunk's (the walk's; its rows start at t0 + C) dq or dk: stored here, after the TMA issue, so the
+        # stores overlap this chunk's loads instead of delaying the chunk end (session 31: 0.981x alone, 0.967x with
+        # bwd_chunk_steps.sv_sum, bwd_fused forced on hk16_hv16's h200-bwd rows)
+        if cr > 0:
+            steps.flush_rows(stage_s, out, t0 + C, T.min(eos, t0 + 2 * C), hv)
         T.copy(dS_f, dS_s[:, w * HV:(w + 1) * HV])  # bf16 of this half of the chunk-end gradient
         T.mbarrier_wait_parity(ld[0], cr & 1)
         T.mbarrier_wait_parity(ld[1], cr & 1)
@@ -172,7 +182,7 @@ def bwd_fused_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
         A: T.Tensor((n_tok, h_v, C), dtype),
         h: T.Tensor((n_hc, h_v, K, V), dtype),
         dht: T.Tensor((n_chains, h_v, K, V), "float32"),
-        chain_bounds: T.Tensor((n_chains, 3), "int32"),
+        chain_bounds: T.Tensor((n_chains, 4), "int32"),
         dq_out: T.Tensor((n_tok, h_qk, K), dtype),
         dk_out: T.Tensor((n_tok, h_qk, K), dtype),
         dv_out: T.Tensor((n_tok, h_v, V), dtype),
@@ -181,7 +191,7 @@ def bwd_fused_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
         dh0_out: T.Tensor((n_chains, h_v, K, V), "float32"),
         scale: T.float32,
     ):
-        with T.Kernel(n_chains, h_v, threads=256) as (n, hv):
+        with T.Kernel(h_v, n_chains, threads=256) as (hv, j):
             Q_s = T.alloc_shared((C, K), dtype)
             K_s = T.alloc_shared((C, K), dtype)
             V_s = T.alloc_shared((C, V), dtype)  # V, then W; then T1 (columns 0..C-1) and dAs (C..2C-1)
@@ -235,7 +245,6 @@ def bwd_fused_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
             dk_f = T.alloc_fragment((C, K), "float32")
             acc1 = T.alloc_fragment((C, K), "float32")
             red1k = T.alloc_fragment((C,), "float32")
-            red1s = T.alloc_fragment((C,), "float32")
             red1m = T.alloc_fragment((C,), "float32")
             gam_last0 = T.alloc_var("float32")
             gam_last1 = T.alloc_var("float32")
@@ -247,9 +256,10 @@ def bwd_fused_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
             b_next = T.alloc_var("float32", init=0.0)
 
             tx = T.get_thread_binding()
-            bos = chain_bounds[n, 0]
-            eos = chain_bounds[n, 1]
-            cbase = chain_bounds[n, 2]
+            bos = chain_bounds[j, 0]
+            eos = chain_bounds[j, 1]
+            cbase = chain_bounds[j, 2]
+            n = chain_bounds[j, 3]
             n_run = T.ceildiv(eos - bos, C)
 
             if tx < 128:
@@ -261,11 +271,13 @@ def bwd_fused_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
                     chunk_part(0, tx, cr, ld, q, k, v, do, dv_out, A, h, g_cumsum, beta, Q_s, K_s, V_s, dO_s, dVp_s,
                                dU_s, Vp_s, A_s, Ag_s, S0_s, dS_s, dP_s, F_s, gam_s, beta_s, dgu_s, dbc_s, dS0, U0,
                                kds0, prod0, red0, cc0, dpg0, p0, x0, gam_last0, colsum0, cbase + c, t0, end, hv,
-                               scale, n_run, g_next, b_next)
+                               scale, n_run, g_next, b_next, eos, dq_out, dU_s)
                     steps.dq_branch(False, tx, gam_last0, tail, rowsum, hv, Q_s, K_s, V_s, dO_s, S0_s, A_s, Ag_s, dP_s,
                                     F_s, gam_s, beta_s, sv_s, kt1_s, dgu_s, dgq_s, dgm_s, dbc_s, dbr_s, dq_f, acc0,
                                     T1_f, T2_f, KK_f, red0q, red0b, dg_out, dbeta_out, t0, end, scale)
-                    steps.store_rows(0, dq_f, dO_s, dq_out, t0, end, hv)
+                    T.copy(dq_f, dU_s)  # staged until the next chunk's top (dU_s is free until its dU)
+                T.sync_threads(BAR_LOCAL[0], 128)
+                steps.flush_rows(dU_s, dq_out, bos, T.min(eos, bos + C), hv)  # the chain's first chunk
                 T.copy(dS0, dh0_out[n, hv, :, 0:HV])
             else:
                 T.copy(dht[n, hv, :, HV:V], dS1)
@@ -276,10 +288,12 @@ def bwd_fused_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
                     chunk_part(1, tx - 128, cr, ld, q, k, v, do, dv_out, A, h, g_cumsum, beta, Q_s, K_s, V_s, dO_s,
                                dVp_s, dU_s, Vp_s, A_s, Ag_s, S0_s, dS_s, dP_s, F_s, gam_s, beta_s, dgu_s, dbc_s, dS1,
                                U1, kds1, prod1, red1, cc1, dpg1, p1, x1, gam_last1, colsum1, cbase + c, t0, end, hv,
-                               scale, n_run, g_next, b_next)
+                               scale, n_run, g_next, b_next, eos, dk_out, Vp_s)
                     steps.dk_branch(False, False, ld, 0, gam_last1, Q_s, K_s, V_s, Vp_s, dU_s, S0_s, dS_s, dP_s, F_s, gam_s,
-                                    sv_s, kt1_s, dgm_s, dk_f, acc1, cc1, red1k, red1s, red1m)
-                    steps.store_rows(1, dk_f, Vp_s, dk_out, t0, end, hv)
+                                    sv_s, kt1_s, dgm_s, dk_f, acc1, cc1, red1k, red1m)
+                    T.copy(dk_f, Vp_s)  # staged until the next chunk's top (V'_s is free until its V')
+                T.sync_threads(BAR_LOCAL[1], 128)
+                steps.flush_rows(Vp_s, dk_out, bos, T.min(eos, bos + C), hv)
                 T.copy(dS1, dh0_out[n, hv, :, HV:V])
 
     return compile_for(bwd_fused, arch)
