@@ -61,6 +61,17 @@ CP_RULE_FORWARD = ((8, 16384), (12, 24576), (16, 28672))
 # it lost at 10.6 chains of 3157 tokens (1.01), 21.1 of 3157 (1.26), 22.9 of 5809 (1.09) and at 32+ chains
 # (1.03-1.34). Every measured case falls on its winning side.
 CP_RULE_TRAINING = ((6, 4096), (12, 5120), (20, 6144), (28, 9216))
+# Where the backward takes hopper/bwd_fused (sm90, H_v == H_qk, bwd_dh auto or fused; backward.cp_dh_choice) the
+# training rule also admits up to 56 effective chains (cp.py's own bound for 128+ chunks at 132 SMs) with a sequence
+# of 9216+ tokens, measured in session 31 (results/h200/2026-12-04_s31/, hk16_hv16, cp=on with bwd_fused against
+# cp=auto's plain path): 32k_4seq (38.3 chains) backward 1.331 -> 1.177 ms, forward + backward 1.890 -> 1.893; 32k_8seq
+# (53.1) 1.295 -> 1.210 and 1.816 -> 1.898 (1.05x), with peak memory 908 -> 700 / 916 -> 708 MiB (backward) and
+# 1234 -> 1063 / 1246 -> 1078 (forward + backward): the plain path's per-chunk dh buffer is what kept those rows over
+# 1.25x flash-qla's peak, so the 32k_8seq training step trades 5% of its time for it. Without a 9216-token sequence
+# CP lost the step: 8k_4seq (22.9 chains of 5809) 1.13x, 8k_8seq 1.24x. Only measured at 16 v-heads (several
+# sequences), so the entry stops there: more heads take CP_RULE_TRAINING alone.
+CP_RULE_TRAINING_FUSED = ((56, 9216),)
+CP_RULE_TRAINING_FUSED_MAX_HEADS = 16
 # The training plan's piece length, measured in session 27 (results/h200/2026-12-04_s27/alpha/: h200-bwd's CP presets,
 # cp.py's alpha 6 against its ALPHA = 3, i.e. pieces twice as long, forward + backward time a6 / a3): longer pieces
 # won where few long chains run, with the longest sequence holding at least half the tokens (Be <= 2): 4-11.4
@@ -74,21 +85,22 @@ CP_LONG_MAX_BATCH = 2.0
 CP_ALPHA_LONG = 6.0
 
 
-def _cp_rule_admits(chains: float, longest: int, for_backward: bool) -> bool:
-    """Some entry of the table (training or forward-only) admits ``chains`` effective chains whose
-    longest sequence has ``longest`` tokens."""
-    rule = CP_RULE_TRAINING if for_backward else CP_RULE_FORWARD
+def _cp_rule_admits(chains: float, longest: int, for_backward: bool, fused: bool = False) -> bool:
+    """Some entry of the table (training, with ``fused`` also CP_RULE_TRAINING_FUSED's, or forward-only) admits
+    ``chains`` effective chains whose longest sequence has ``longest`` tokens."""
+    rule = (CP_RULE_TRAINING + (CP_RULE_TRAINING_FUSED if fused else ())) if for_backward else CP_RULE_FORWARD
     return any(chains <= max_chains and longest >= min_tokens for max_chains, min_tokens in rule)
 
 
-def cp_rule(plan, heads: int, for_backward: bool = False) -> bool:
+def cp_rule(plan, heads: int, for_backward: bool = False, fused: bool = False) -> bool:
     """cp=auto's decision for an enabled cp.py ``plan`` of a call with ``heads`` v-heads (see above);
-    ``for_backward``: the call's backward will run (the training entries)."""
+    ``for_backward``: the call's backward will run (the training entries); ``fused``: that backward can take
+    bwd_fused (`_fused_backward`)."""
     from .cp import effective_chains
 
     tokens = plan.seq_tokens
     chains = effective_chains(tokens, heads, plan.chunk_size)
-    return _cp_rule_admits(chains, max(tokens, default=0), for_backward)
+    return _cp_rule_admits(chains, max(tokens, default=0), for_backward, fused)
 
 
 def training_alpha(chains: float, heads: int, longest: int) -> float:
@@ -131,6 +143,17 @@ def _forward(q, k, v, g, beta, *, scale, initial_state, cu_seqlens, output_final
     return (*out, None, masks if for_backward else None)
 
 
+def _fused_backward(q, v, options: KernelOptions | None = None) -> bool:
+    """Whether a CP backward of this call can take hopper/bwd_fused (backward.cp_dh_choice's conditions other than the
+    chain count): the device's arch has it, H_v == H_qk and bwd_dh is auto or fused."""
+    from .backward import _dh_choice
+    from .dispatch import arch_for_device, has_kernel
+
+    bwd_dh = None if options is None else options.bwd_dh
+    return (q.shape[2] == v.shape[2] and _dh_choice(bwd_dh) in ("auto", "fused")
+            and has_kernel(arch_for_device(q.device), "bwd_fused"))
+
+
 def _cp_plan(q, v, cu_seqlens, options: KernelOptions | None = None, mode: str | None = None,
              for_backward: bool = False):
     """The CP plan of a call when ``mode`` (default: the cp option, QLABENCH_CP without options) and
@@ -139,7 +162,8 @@ def _cp_plan(q, v, cu_seqlens, options: KernelOptions | None = None, mode: str |
     if mode == "off":
         return None
     B, T, H = v.shape[:3]
-    if mode == "auto" and not _cp_rule_admits(H, T, for_backward):
+    fused = for_backward and H <= CP_RULE_TRAINING_FUSED_MAX_HEADS and _fused_backward(q, v, options)
+    if mode == "auto" and not _cp_rule_admits(H, T, for_backward, fused):
         return None  # cp_rule decided from shapes alone (chains >= H_v, longest <= T): no plan, no host read
     from .cp import plan_cp
     from .dispatch import arch_for_device
@@ -148,7 +172,7 @@ def _cp_plan(q, v, cu_seqlens, options: KernelOptions | None = None, mode: str |
     plan = plan_cp(cu_seqlens, heads=H, sm_count=_sm_count(q.device),
                    chunk_size=arch_for_device(q.device).chunk_size, B=B, T=T, device=q.device,
                    enable=True if mode == "on" else None)
-    if not plan.enabled or (mode == "auto" and not cp_rule(plan, H, for_backward)):
+    if not plan.enabled or (mode == "auto" and not cp_rule(plan, H, for_backward, fused)):
         return None
     if mode == "auto" and for_backward:
         from .cp import ALPHA, effective_chains

@@ -188,16 +188,16 @@ def _dh_choice(bwd_dh: str | None = None) -> str:
 
 
 # bwd_dh=auto takes hopper/bwd_fused for a CP backward of at most FUSED_MAX_CHAINS effective chains (cp.py's Be * H_v)
-# where H_v == H_qk, measured on the H200 (h200-bwd hk16_hv16, the default against bwd_dh=fused over the same pieces,
-# backward time fused / default): 16 chains won (8k_1seq 0.93, 32k_1seq 0.91-0.93; session 28,
-# results/h200/2026-12-04_s28/), 18.6 tied (8k_2seq 0.99 in session 28, 0.99 / 1.00 / 1.00 in three runs of session
-# 29, results/h200/2026-12-04_s29/) with 0.77x its peak memory (247 -> 191 MiB); 20.5 lost in sessions 28 and 29
-# (32k_2seq 1.05) and, once bwd_fused loaded each chunk's gates one chunk ahead, came within 1.00-1.01 (session 30,
-# results/h200/2026-12-04_s30/: 1.419 / 1.421 ms against 1.416 in two calls, 1.433 against 1.415 in one at the final
-# commit) with 0.74x the peak memory (939 -> 699 MiB: under flash-qla's 1.25x, where no path that stores dh fits);
-# 22.9 chains and more (8k_4seq, 32k_4seq, 32k_8seq) lose 1.07-1.17. Without CP, where one block walks a whole
-# sequence, it lost 1.8-3.3x. It holds no dh buffer: 0.74x the default's peak memory at 32k_1seq.
-FUSED_MAX_CHAINS = 21
+# where H_v == H_qk, measured on the H200 (h200-bwd hk16_hv16, backward time fused / the default's bwd_dh=ws over the
+# same pieces). Sessions 28-30 found a tie at 18.6-20.5 chains and losses from 22.9 (1.07-1.17); session 31
+# (results/h200/2026-12-04_s31/) dispatched the chains longest first (CPPlan.fused_chains: one block per SM walks a
+# whole piece, and in token order the short last pieces of each sequence ran in a last wave) and stored dq / dk under
+# the next chunk's loads: 8k_1seq 0.89, 8k_2seq 0.89, 8k_4seq (22.9 chains) 0.96, 32k_1seq 0.88, 32k_2seq (20.5) 0.85,
+# 32k_4seq (38.3) 0.89, 32k_8seq (53.1) 0.93; only 8k_8seq (42.2 chains of at most 3157 tokens, where cp=auto takes
+# no plan) lost, 1.03. So the bound is cp.py's own for a plan at 132 SMs (56 chains, `_ON_FRACTION_LONG`). Without
+# CP, where one block walks a whole sequence, it lost 1.8-3.3x. It holds no dh buffer: 0.74-0.77x the default's peak
+# memory.
+FUSED_MAX_CHAINS = 56
 
 
 def cp_dh_choice(arch, h_qk: int, h_v: int, plan, bwd_dh: str | None = None) -> str:

@@ -45,7 +45,7 @@ MEANING: dict[str, str] = {
     "fwd_kernel": "forward chunk recurrence: auto (sm90: ws at V tile 32, wy at 64; else pipelined), ws, wy, pipelined, simple",
     "bwd_dh": "backward reverse pass: auto (ws on sm90, else pipelined), ws (bwd_dh_ws, sm90 only), pipelined, "
               "fused (the dS chain inside the per-chunk kernel, hopper/bwd_fused.py; sm90, H_v == H_qk; auto takes it on "
-              "CP backwards of <= 21 effective chains)",
+              "CP backwards of <= 56 effective chains)",
     "bwd_cp": "CP of the backward when the forward ran without it (piece states recomputed): auto "
               "(api.bwd_cp_plan's rule), on, off",
     "bwd_masks": "the backward's gated masks Ag, Pg: forward (kkt_solve's, kept from the forward for its "

@@ -94,6 +94,33 @@ def test_auto_with_a_backward_takes_the_training_entries(stubs, monkeypatch):
     assert _call(16384, 32, cu=[0, 12288, 16384], for_backward=True) == "plain"  # 42.7 effective chains
 
 
+def _call_gqa(T, H, cu, for_backward=True):
+    """As _call with 2 v-heads per qk-head (no bwd_fused: CP_RULE_TRAINING alone)."""
+    q, v = torch.zeros(1, T, H // 2, 128), torch.zeros(1, T, H, 128)
+    cu = torch.tensor(cu, dtype=torch.int32)
+    out = api._forward(q, q, v, v[..., 0], v[..., 0], scale=1.0, initial_state=None, cu_seqlens=cu,
+                       output_final_state=True, output_h=False, state_v_first=False, for_backward=for_backward)
+    return out[0]
+
+
+def test_training_rule_is_wider_where_the_backward_takes_bwd_fused(stubs, monkeypatch):
+    """With H_v == H_qk on sm90 (bwd_fused, bwd_dh auto) and at most 16 v-heads, CP_RULE_TRAINING_FUSED also admits up
+    to 56 effective chains with a 9216-token sequence (session 31: the bench's 32k_4seq / 32k_8seq at hk16_hv16, where
+    the plain path's dh buffer kept the peak memory over 1.25x flash-qla's)."""
+    monkeypatch.delenv("QLABENCH_CP", raising=False)
+    monkeypatch.delenv("QLABENCH_BWD_DH", raising=False)
+    four, eight = [0, 7212, 14284, 28009, 32768], [0, 3274, 4303, 7212, 12273, 14284, 18077, 28009, 32768]
+    assert _call(32768, 16, cu=four, for_backward=True) == "cp"  # 38.3 effective chains of 13725
+    assert _call(32768, 16, cu=eight, for_backward=True) == "cp"  # 53.1 of 9932
+    assert _call(32768, 16, cu=four) == "plain"  # inference: the forward-only entries
+    assert _call(8192, 16, cu=[0, 5809, 7053, 7459, 8192], for_backward=True) == "plain"  # 22.9 chains of 5809
+    assert _call_gqa(32768, 16, cu=four) == "plain"  # GQA: bwd_fused does not run
+    assert _call(32768, 32, cu=[0, 16384, 32768], for_backward=True) == "plain"  # 64 chains
+    assert _call(32768, 20, cu=four, for_backward=True) == "plain"  # 20 v-heads: not measured
+    monkeypatch.setenv("QLABENCH_BWD_DH", "ws")
+    assert _call(32768, 16, cu=four, for_backward=True) == "plain"  # the plain reverse pass forced
+
+
 def _piece_chunks(stubs) -> int:
     """The piece length (chunks) of the last stubbed CP forward's plan: its longest piece."""
     plan = stubs[-1][1]["plan"]

@@ -79,24 +79,26 @@ def test_fused_needs_one_v_head_per_qk_head():
 
 def test_auto_takes_fused_on_cp_backwards_of_few_chains():
     """bwd_dh=auto (backward.cp_dh_choice): bwd_fused for a CP backward of <= FUSED_MAX_CHAINS effective chains with
-    H_v == H_qk on sm90 (measured in sessions 28 to 30); bwd_chunk with GQA, more chains, sm100, or another bwd_dh."""
+    H_v == H_qk on sm90 (measured in sessions 28 to 31); bwd_chunk with GQA, more chains, sm100, or another bwd_dh."""
     from qlabench.kernels.dispatch import arch_by_name
 
     sm90, sm100 = arch_by_name("sm90"), arch_by_name("sm100")
 
     def choice(cu, h_qk, h_v, arch=sm90, bwd_dh=None):
-        plan = plan_cp(torch.tensor(cu, dtype=torch.int32), heads=h_v, sm_count=132, chunk_size=64)
+        plan = plan_cp(torch.tensor(cu, dtype=torch.int32), heads=h_v, sm_count=132, chunk_size=64, enable=True)
         assert plan.enabled
         return backward.cp_dh_choice(arch, h_qk, h_v, plan, bwd_dh)
 
-    assert backward.FUSED_MAX_CHAINS == 21
+    assert backward.FUSED_MAX_CHAINS == 56
     assert choice([0, 32768], 16, 16) == "fused"  # 16 chains: 32k_1seq
     assert choice([0, 8192], 16, 16) == "fused"
     assert choice([0, 30720, 32768], 15, 15) == "fused"  # 15 x 512 / 480 = 16 effective chains
     assert choice([0, 7053, 8192], 16, 16) == "fused"  # 18.6 effective chains: 8k_2seq tied, 0.77x the memory
     # 20.5 effective chains: 32k_2seq, 1.00-1.01x the time, 0.74x the memory
     assert choice([0, 7212, 32768], 16, 16) == "fused"
-    assert choice([0, 5809, 8192], 16, 16) == "auto"  # 16 x 129 / 91 = 22.7 effective chains: 8k_4seq-like, lost
+    assert choice([0, 5809, 8192], 16, 16) == "fused"  # 16 x 129 / 91 = 22.7 effective chains: 8k_4seq-like, 0.96
+    assert choice([0, 3274, 4303, 7212, 12273, 14284, 18077, 28009, 32768], 16, 16) == "fused"  # 53.1: 32k_8seq, 0.93
+    assert choice([0, 32768], 64, 64) == "auto"  # 64 chains
     assert choice([0, 32768], 16, 32) == "auto"  # GQA: no group reduction in bwd_fused
     assert choice([0, 32768], 16, 16, sm100) == "auto"
     assert choice([0, 32768], 16, 16, bwd_dh="ws") == "ws"
