@@ -446,9 +446,10 @@ def twin_bwd_chunk(q, k, v, do, dvp_dv, g_cumsum, beta, A, h, dh, chunk_bounds, 
 
 def twin_bwd_fused(q, k, v, do, g_cumsum, beta, A, h, dht, chains, dq_out, dk_out, dv_out, dbeta_out, dg_out, dh0_out,
                    scale):
-    """hopper/bwd_fused.py: per chain (bos, eos, first chunk's row of h, row n of dht / dh0) and v-head, the reverse pass from dht and
-    every per-chunk gradient, as `twin_bwd_dh` then `twin_bwd_chunk` over the chains' chunks (the kernel's rounding
-    points are theirs: dS and dV' staged, Pg and Ag formed in bf16 from fp32; only fp32 summation orders differ)."""
+    """hopper/bwd_fused.py: per chain (bos, eos, first chunk's row of h, row n of dht / dh0) and v-head, the reverse
+    pass from dht and every per-chunk gradient, as `twin_bwd_dh` then `twin_bwd_chunk` over the chains' chunks (the
+    kernel's rounding points are theirs: dS and dV' staged, Pg and Ag formed in bf16 from fp32; only fp32 summation
+    orders differ)."""
     T, H, C = v.shape[0], v.shape[1], A.shape[-1]
     rows = []
     for bos, eos, cbase, _ in chains.tolist():

@@ -259,4 +259,5 @@ def chunk_steps(C: int, K: int, V: int, dtype: str) -> SimpleNamespace:
         T.gemm(V_s[:, C:2 * C], K_s, dk_f)  # dAs K
 
     return SimpleNamespace(load_scalars=load_scalars, ag_columns=ag_columns, dv_du_w=dv_du_w, masks=masks,
-                           dg_tail=dg_tail, flush_rows=flush_rows, store_rows=store_rows, sv_sum=sv_sum, dq_branch=dq_branch, dk_branch=dk_branch)
+                           dg_tail=dg_tail, flush_rows=flush_rows, store_rows=store_rows, sv_sum=sv_sum,
+                           dq_branch=dq_branch, dk_branch=dk_branch)
