@@ -146,12 +146,11 @@ def _forward(q, k, v, g, beta, *, scale, initial_state, cu_seqlens, output_final
 def _fused_backward(q, v, options: KernelOptions | None = None) -> bool:
     """Whether a CP backward of this call can take hopper/bwd_fused (backward.cp_dh_choice's conditions other than the
     chain count): the device's arch has it, H_v == H_qk and bwd_dh is auto or fused."""
-    from .backward import _dh_choice
-    from .dispatch import arch_for_device, has_kernel
+    from .backward import _dh_choice, fused_fits
+    from .dispatch import arch_for_device
 
     bwd_dh = None if options is None else options.bwd_dh
-    return (q.shape[2] == v.shape[2] and _dh_choice(bwd_dh) in ("auto", "fused")
-            and has_kernel(arch_for_device(q.device), "bwd_fused"))
+    return _dh_choice(bwd_dh) in ("auto", "fused") and fused_fits(arch_for_device(q.device), q.shape[2], v.shape[2])
 
 
 def _cp_plan(q, v, cu_seqlens, options: KernelOptions | None = None, mode: str | None = None,

@@ -109,7 +109,7 @@ def backward_kernels(h_qk: int, h_v: int, arch: str, dtype: str = "bfloat16") ->
     if not a.has_backward:
         return []
     try:
-        from .backward import compile_backward_kernels, prepare_variants, value_tiles
+        from .backward import compile_backward_kernels, fused_fits, prepare_variants, value_tiles
     except ImportError:
         return []
     from .common.cumsum import chunk_local_cumsum_kernel
@@ -130,7 +130,7 @@ def backward_kernels(h_qk: int, h_v: int, arch: str, dtype: str = "bfloat16") ->
                      lambda masks=masks: compile_backward_kernels(h_qk, h_v, dtype=dtype, target=a.name,
                                                                   prepare=masks)["bwd_prepare"]))
     # bwd_dh=auto's fused kernel for CP backwards of few chains (backward.cp_dh_choice): H_v == H_qk, sm90
-    if h_qk == h_v and has_kernel(a, "bwd_fused"):
+    if fused_fits(a, h_qk, h_v):
         jobs.append(("bwd_fused", f"hk{h_qk}_hv{h_v} {dtype}",
                      lambda: compile_backward_kernels(h_qk, h_v, dtype=dtype, target=a.name,
                                                       bwd_dh="fused")["bwd_fused"]))

@@ -164,7 +164,7 @@ def _kernels(h_qk: int, h_v: int, dtype: str, arch: str, bv: int = _BV, bwd_dh: 
         "bwd_dh": f(_dh_role(a, bwd_dh))(h_qk, h_v, K, V, bv, C, dtype, a.name),
     }
     if _dh_choice(bwd_dh) == "fused":  # the per-chunk gradients with the dS chain on chip (bwd_dh: CP's local passes)
-        if not has_kernel(a, "bwd_fused") or h_qk != h_v:
+        if not fused_fits(a, h_qk, h_v):
             raise ValueError(f"bwd_dh=fused needs sm90 and H_v == H_qk, got {a.name}, H_qk={h_qk}, H_v={h_v}")
         kernels["bwd_fused"] = f("bwd_fused")(h_qk, h_v, K, V, C, dtype, a.name)
     elif has_kernel(a, "bwd_chunk"):  # sm90: the per-chunk gradients in one kernel
@@ -200,6 +200,12 @@ def _dh_choice(bwd_dh: str | None = None) -> str:
 FUSED_MAX_CHAINS = 56
 
 
+def fused_fits(arch, h_qk: int, h_v: int) -> bool:
+    """Whether hopper/bwd_fused can run a backward of this shape: ``arch`` has it (sm90) and H_v == H_qk (no GQA group
+    reduction in it)."""
+    return h_qk == h_v and has_kernel(arch, "bwd_fused")
+
+
 def cp_dh_choice(arch, h_qk: int, h_v: int, plan, bwd_dh: str | None = None) -> str:
     """bwd_dh for a CP backward over ``plan``: ``fused`` where bwd_dh is auto and the rule above admits the call
     (sm90's bwd_fused, H_v == H_qk, at most FUSED_MAX_CHAINS effective chains), else ``bwd_dh`` as given
@@ -207,7 +213,7 @@ def cp_dh_choice(arch, h_qk: int, h_v: int, plan, bwd_dh: str | None = None) -> 
     from .cp import effective_chains
 
     choice = _dh_choice(bwd_dh)
-    if (choice == "auto" and h_qk == h_v and has_kernel(arch, "bwd_fused") and plan.enabled
+    if (choice == "auto" and fused_fits(arch, h_qk, h_v) and plan.enabled
             and effective_chains(plan.seq_tokens, h_v, plan.chunk_size) <= FUSED_MAX_CHAINS):
         return "fused"
     return choice

@@ -57,8 +57,8 @@ Per v-head, each warpgroup w runs (named barriers at 256 threads between the ste
     F only once warpgroup 1 has read X there: BAR_XREAD); the hand-off barrier; the dgam0 tail and the
     dg / dbeta stores (warp 0 alone: a butterfly sum and a suffix scan by shuffles, no shared workspace);
   * warpgroup 1 (dk): dgam's mask term rowsum(X) - colsum(X) (then arrives at BAR_XREAD); dk += r .* (V' dS^T)
-    (64x128x128) and the r-terms; dk += dU S0^T (64x128x128) + dP^T Q (64x128x64); sum(S0 .* dS) as row
-    pairs; the hand-off barrier; dk += dAs K (64x128x64), in parallel with warpgroup 0's tail.
+    (64x128x128) and the r-terms; dk += dU S0^T (64x128x128) + dP^T Q (64x128x64); sum(S0 .* dS) one K row
+    per thread; the hand-off barrier; dk += dAs K (64x128x64), in parallel with warpgroup 0's tail.
   Every element-wise step that feeds shared memory (W, dU, Ag, Y, dA, dP, dM, dAs) is formed on a fragment and
   copied whole: written element by element into shared memory its loads never batch (the stores may alias
   them) and in-place updates draw a barrier per element pair.
@@ -259,7 +259,7 @@ def bwd_chunk_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
             p1 = T.alloc_fragment((C, HC), "float32")
             x1 = T.alloc_fragment((C, HC), "float32")
             dk_f = T.alloc_fragment((C, K), "float32")  # dk summed over the group
-            acc1 = T.alloc_fragment((C, K), "float32")  # V' dS^T, then S0 .* dS row pairs
+            acc1 = T.alloc_fragment((C, K), "float32")  # V' dS^T (then the r-terms in place)
             red1k = T.alloc_fragment((C,), "float32")
             red1m = T.alloc_fragment((C,), "float32")
             gam_last0 = T.alloc_var("float32")
