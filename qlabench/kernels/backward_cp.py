@@ -298,7 +298,7 @@ def _bwd_cp(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, s
                                                  decay_threshold, transition, kernels.fwd, arch, sms, dvp)
     # (c) states at every chunk start, all pieces in parallel, on the caller's stream beside (d) and (e), which
     # run on a second stream (streams.Beside: they read nothing bwd_h writes; joined before (f)).
-    dh0_pieces = torch.empty(P, H, K, V, dtype=f32, device=dev)
+    dh0_pieces = None if fused else torch.empty(P, H, K, V, dtype=f32, device=dev)  # fused: bwd_fused's own
     with Beside(dev) as beside:
         with beside.side():
             dht_pieces = _reverse_passes(p, q2, k2, do2, Pg, Ag, fac, g2, bounds, plan, decay_threshold, transition,
@@ -312,6 +312,7 @@ def _bwd_cp(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, s
         dq_v, dk_v, dv, dbeta, dg, dh0_pieces = fused_grads(bwd, p, q2, k2, v2, do2, g2, b2, A2, h, dht_pieces, chains,
                                                             dv)
     else:
+        del dht_pieces  # read by (e) only
         dq_v, dk_v, dbeta, dg = chunk_grads(bwd, p, q2, k2, v2, do2, dvp, dv, g2, b2, A2, h, dh, bounds, C)
     del h, dh, dvp
     dh0 = None if initial_state is None else dh0_pieces[plan.first_piece]
@@ -347,6 +348,7 @@ def _reverse_passes(p, q2, k2, do2, Pg, Ag, fac, g2, bounds, plan, decay_thresho
         else:
             skip_loc = local_skips(plan, g2, decay_threshold)
         bwd["bwd_dh"](*views, fac, *rng, skip_loc, dht_loc, *scratch, dS_loc[:P2], p.scale, 1)
+        del dht_loc  # stream-ordered: its block is reused only by this stream's later allocations
         msrc, transpose_m = None, False
         if transitions is not None:  # the forward chain's M (read transposed) and truncation decisions
             check_transitions(transitions, plan)
@@ -385,6 +387,7 @@ def _reverse_passes(p, q2, k2, do2, Pg, Ag, fac, g2, bounds, plan, decay_thresho
         dht_all, slots = slots_ahead_of(user_dht, plan.n_slots - 1, nl)
         kernels.correct(dS_loc[plan.bwd_slot_first], dS_loc, Mt, flag, plan.bwd_slot_src32, slots, arch.name,
                         msrc=msrc, transpose_m=transpose_m)
+        del dS_loc  # dead before dht_pieces is gathered: the fp32 piece states were at the training step's peak
     else:
         dht_all = user_dht
     dht_pieces = dht_all[plan.dht_src].contiguous()
