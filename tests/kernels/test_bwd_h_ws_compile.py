@@ -27,7 +27,7 @@ def test_bwd_h_ws_compiles_sm90a(BV, tmp_path, monkeypatch):
 
     assert "__launch_bounds__(384, 1)" in src  # producer + state + transition warpgroups
     assert "q_desc" not in src and "Pm" not in src  # h only: no Q, no output mask, no o
-    # per chunk and ring slot (unrolled pair): K S and X^T Y with N = BV, X = Ab^T K with N = K
+    # per chunk and ring slot (unrolled pair): K S and X^T Y with N = BV, X = A^T K with N = K
     assert len(re.findall(rf"wgmma_ss<[^>]*, 64, {BV}, 16,", src)) == 4
     assert len(re.findall(rf"wgmma_ss<[^>]*, 64, {D}, 16,", src)) == 2
     for desc in ("k_desc", "v_desc", "A_desc"):

@@ -278,8 +278,12 @@ def _bwd_dh_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str,
                     if t0 + i >= eos:
                         Pg_s[i, j] = T.cast(0, dtype)
                         Ag_s[i, j] = T.cast(0, dtype)
-            for i, j in T.Parallel(C, BV):  # a select too: no ordering on the zeroing above needed
-                E_s[i, j] = rows(t0, eos, i, T.cast(scale * F_s[0, i] * dO_s[i, j], dtype))
+            # formed in PT_f (free until Pg^T dO below), then copied whole: one loop reading dO_s and writing E_s is
+            # serialised by their possible aliasing (bwd_h_ws's Y, H200 session 32); a select too: no ordering on the
+            # zeroing above needed
+            for i, j in T.Parallel(C, BV):
+                PT_f[i, j] = T.if_then_else(t0 + i < eos, scale * F_s[0, i] * dO_s[i, j], 0.0)
+            T.copy(PT_f, E_s)
             T.fence_proxy_async()
             T.sync_threads(BAR_AUX, 128)
             T.mbarrier_arrive(aux_ready[slot])

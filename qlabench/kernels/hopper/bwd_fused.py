@@ -161,9 +161,11 @@ def bwd_fused_kernel(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, ar
         steps.masks(w, lt, colsum, A_s, Ag_s, dP_s, F_s, gam_s, beta_s, dbc_s, cc_f, dpg_f, p_f, x_f, t0, end, scale)
         # the chain's end on this half: eDO into dV'_s's columns (dV' is dead: dAb has read it), then
         # dS = e_C dS + K^T dU + Q^T eDO, in flight under the branch's work
+        # (formed in kds_f, dead since dV', and copied whole: a loop reading dO_s and writing dVp_s is serialised by
+        # their possible aliasing, as bwd_h_ws's Y was: H200 session 32)
         for i, j in T.Parallel(C, HV):
-            dVp_s[i, w * HV + j] = T.cast(T.if_then_else(t0 + i < end, scale * T.exp(gam_s[i]), 0.0)
-                                          * dO_s[i, w * HV + j], dtype)
+            kds_f[i, j] = T.if_then_else(t0 + i < end, scale * T.exp(gam_s[i]), 0.0) * dO_s[i, w * HV + j]
+        T.copy(kds_f, dVp_s[:, w * HV:(w + 1) * HV])
         T.fence_proxy_async()
         T.sync_threads(BAR_LOCAL[w], 128)
         for i, j in T.Parallel(K, HV):

@@ -7,7 +7,8 @@ Formula per chunk (gate-free A_k; e_C = exp(gam_C), r = exp(gam_C - gam) and bet
 sequence end) from bwd_prepare's per-chunk factor table; S is K x BV fp32 in registers):
 
     h[c] = S
-    X    = (A_k diag(beta))^T K                (C x K; depends on no state: off the serial chain)
+    X    = diag(beta) A_k^T K                  (C x K, = (A_k diag(beta))^T K; depends on no state: off the
+                                                serial chain)
     Y    = diag(r) V - e_C K S                 (C x BV)
     S    = e_C S + X^T Y
 
@@ -17,10 +18,11 @@ instead of three. V tiling is exact (X is the same for every V tile).
 
 Same signature and grid as blackwell/bwd_h_pipelined.py: (k, v, A, fac, cu_seqlens, chunk_offsets, h0, h_out);
 grid (V / BV, N * H_v), one block per (sequence, v-head, V tile). Rows past the sequence end (next
-sequence or padding tail, loaded whole by TMA) are kept out by selects: Y's and Ab's rows there are
-zero, and K's rows there are zeroed before X = Ab^T K, so non-finite data cannot leak in. (The state
-warpgroup's K S may read those K rows before or after the zeroing; its rows there are discarded by
-Y's select either way.)
+sequence or padding tail, loaded whole by TMA) are kept out: Y's rows there are a select (zero), and
+K's and A's rows there are zeroed before X = A_k^T K, so non-finite data cannot leak in; A_k's rows of
+the sequence hold exact zeros above the diagonal (kkt_solve writes each row whole), so no column mask
+is needed. (The state warpgroup's K S may read those K rows before or after the zeroing; its rows
+there are discarded by Y's select either way.)
 
 Warp-group roles (384 threads = 3 warpgroups, split by thread index; no block-wide barrier after the
 prologue):
@@ -29,18 +31,19 @@ prologue):
     chunk's factor rows (e, r, beta) into F_s[slot]; all 128 arrive on full[slot].
   * WG1 state (tx 128..255, set_max_nreg 216 inc): owns S. The only serial chain:
     S -> S_s[b] -> K S -> Y -> X^T Y -> S.
-  * WG2 transition (tx 256..383, set_max_nreg 216 inc): Ab = A_k diag(beta) (rows and columns past
-    the end zero), X = Ab^T K into X_s[b]; then h[c] from S_s[b] to global memory.
+  * WG2 transition (tx 256..383, set_max_nreg 216 inc): X = A_k^T K (wgmma straight from the TMA'd
+    A tile), rows scaled by beta in registers, into X_s[b]; then h[c] from S_s[b] to global memory.
 Per-chunk stage order (slot = b = c % 2, ph = (c // 2) & 1; the phase "freed by the use two chunks
 ago" is ph ^ 1, which a fresh barrier passes at once):
   producer:    wait empty[slot] (ph ^ 1) -> TMA K, V, A -> F_s[slot] -> arrive full[slot]
   state:       wait full[slot] (ph); wait h_free[b] (ph ^ 1)
                S_s[b] = bf16(S); fence; bar.sync(1, 128); arrive s_ready[b]
-               KS = K S (wgmma); Y_s = rows(r V - e_C KS); fence; bar.sync(1, 128)
+               KS = K S (wgmma issued); V_f = r V (registers, under the wgmma); wait;
+               KS_f = rows(V_f - e_C KS); Y_s = bf16(KS_f) (stmatrix); fence; bar.sync(1, 128)
                wait x_ready[b] (ph); S = e_C S + X_s[b]^T Y_s (wgmma); arrive x_free[b]; arrive empty[slot]
   transition:  wait full[slot] (ph); wait x_free[b] (ph ^ 1)
-               Ab_s = rows/cols(A .* beta_col); partial chunk: K_s rows past eos = 0; fence; bar.sync(2, 128)
-               X = Ab^T K (wgmma); X_s[b] = bf16(X); fence; bar.sync(2, 128); arrive x_ready[b]
+               partial chunk only: K_s, A_s rows past eos = 0; fence; bar.sync(2, 128)
+               X = A^T K (wgmma); X *= beta_row; X_s[b] = bf16(X); fence; bar.sync(2, 128); arrive x_ready[b]
                wait s_ready[b] (ph); h[c] = S_s[b]; arrive h_free[b]; arrive empty[slot]
 Barriers (mbarrier arrive counts): full[2] = 128 (+ TMA bytes), empty[2] = 256 (state + transition),
 s_ready[2] = x_free[2] = 128 (state), x_ready[2] = h_free[2] = 128 (transition). Named barriers 1 and 2:
@@ -48,14 +51,19 @@ each compute warpgroup's own smem writes before its wgmma reads. TileLang's auto
 syncs are off (TL_DISABLE_THREAD_STORAGE_SYNC): every hazard is covered by the barriers above.
 
 GEMMs per chunk (wgmma, smem operands, fp32 accumulate): state K S 64xBVx128, X^T Y 128xBVx64;
-transition Ab^T K 64x128x64.
+transition A^T K 64x128x64.
+Element-wise steps read shared memory into registers and write shared memory in separate loops: one loop
+that reads V_s (or A_s) and writes Y_s (or Ab_s) is serialised by their possible aliasing. H200 session
+32, clock64 probes at hk16_hv64 1x32768 BV 64 (results/h200/2026-12-04_s32/): Y -> Y_s took 1672 cycles
+per chunk of the state warpgroup's 3900, Ab_s 2221 of the transition's; the kernel alone 2.01 us per
+chunk step.
 Shared memory (bf16 = 2 bytes; C = 64, K = 128):
     ring (2 slots): K 2 x 16 KB, V 2 x C BV 2, A 2 x 8 KB, factors 2 x 768 B
-    S_s 2 x K BV 2, X_s 2 x 16 KB, Y_s C BV 2, Ab_s 8 KB
-  BV = 64: 32 + 16 + 16 + 1.5 + 32 + 32 + 8 + 8 = 145.5 KB;  BV = 32: 32 + 8 + 16 + 1.5 + 16 + 32 + 4 + 8
-  = 117.5 KB (``shared_memory_bytes``). One block per SM at BV = 64, one or two at BV = 32.
-Registers: S (K x BV fp32) 64 / 32 per state thread, KS 32 / 16; X (C x K fp32) 64 per transition
-thread. Quotas 40 + 216 + 216 = 472 <= 3 x 168.
+    S_s 2 x K BV 2, X_s 2 x 16 KB, Y_s C BV 2
+  BV = 64: 32 + 16 + 16 + 1.5 + 32 + 32 + 8 = 137.5 KB;  BV = 32: 32 + 8 + 16 + 1.5 + 16 + 32 + 4
+  = 109.5 KB (``shared_memory_bytes``). One block per SM at BV = 64, one or two at BV = 32.
+Registers: S (K x BV fp32) 64 / 32 per state thread, KS and V_f 32 / 16 each; X (C x K fp32) 64 per
+transition thread. Quotas 40 + 216 + 216 = 472 <= 3 x 168.
 """
 
 import functools
@@ -79,7 +87,7 @@ def shared_memory_bytes(K: int, BV: int, C: int = 64, elem: int = 2) -> int:
     """Dynamic shared memory of the kernel, from its allocations (the mbarriers are static)."""
     ring = STAGES * ((C * K + C * BV + C * C) * elem + 3 * C * 4)  # K, V, A, factors per slot
     handoff = 2 * (K * BV + C * K) * elem  # S_s, X_s per parity
-    scratch = (C * BV + C * C) * elem  # Y_s, Ab_s
+    scratch = C * BV * elem  # Y_s
     return ring + handoff + scratch
 
 
@@ -113,8 +121,8 @@ def bwd_h_ws_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype:
             T.mbarrier_arrive(full[slot])
 
     @T.macro
-    def state_step(slot: int, b: int, c, n_run, bos, eos, K_s, V_s, F_s, S_s, X_s, Y_s, S_f, KS_f, full, empty,
-                   s_ready, x_ready, x_free, h_free):
+    def state_step(slot: int, b: int, c, n_run, bos, eos, K_s, V_s, F_s, S_s, X_s, Y_s, S_f, KS_f, V_f, full,
+                   empty, s_ready, x_ready, x_free, h_free):
         if c < n_run:
             ph = (c // 2) & 1
             t0 = bos + c * C
@@ -125,11 +133,15 @@ def bwd_h_ws_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype:
             T.sync_threads(BAR_STATE, 128)
             T.mbarrier_arrive(s_ready[b])
 
-            T.gemm(K_s, S_s, KS_f, clear_accum=True)
+            # K S in flight while diag(r) V is read into registers: a loop that reads V_s and writes Y_s is
+            # serialised by the possible aliasing (1700-2000 cycles per chunk, H200 session 32 probes)
+            T.wgmma_gemm(K_s, S_s, KS_f, clear_accum=True)
             for i, j in T.Parallel(C, BV):
-                Y_s[i, j] = T.if_then_else(
-                    t0 + i < eos, T.cast(F_s[1, i] * V_s[i, j] - F_s[0, C - 1] * KS_f[i, j], dtype),
-                    T.cast(0, dtype))
+                V_f[i, j] = F_s[1, i] * V_s[i, j]
+            T.wait_wgmma(0)
+            for i, j in T.Parallel(C, BV):
+                KS_f[i, j] = T.if_then_else(t0 + i < eos, V_f[i, j] - F_s[0, C - 1] * KS_f[i, j], 0.0)
+            T.copy(KS_f, Y_s)
             T.fence_proxy_async()
             T.sync_threads(BAR_STATE, 128)
 
@@ -142,22 +154,25 @@ def bwd_h_ws_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype:
 
     @T.macro
     def transition_step(slot: int, b: int, c, n_run, bos, eos, cbase, h, v0, h_out, K_s, A_s, F_s, S_s, X_s,
-                        Ab_s, X_f, full, empty, s_ready, x_ready, x_free, h_free):
+                        X_f, full, empty, s_ready, x_ready, x_free, h_free):
         if c < n_run:
             ph = (c // 2) & 1
             t0 = bos + c * C
             T.mbarrier_wait_parity(full[slot], (c // NS) & 1)
             T.mbarrier_wait_parity(x_free[b], ph ^ 1)
-            for i, j in T.Parallel(C, C):
-                Ab_s[i, j] = T.if_then_else((t0 + i < eos) & (j <= i), T.cast(A_s[i, j] * F_s[2, j], dtype),
-                                            T.cast(0, dtype))
-            if t0 + C > eos:
+            if t0 + C > eos:  # a partial chunk: K's and A's rows past its end (next sequence or padding tail) = 0
                 for i, d in T.Parallel(C, K):
                     if t0 + i >= eos:
                         K_s[i, d] = T.cast(0, dtype)
-            T.fence_proxy_async()
-            T.sync_threads(BAR_TRANSITION, 128)
-            T.gemm(Ab_s, K_s, X_f, transpose_A=True, clear_accum=True)
+                for i, j in T.Parallel(C, C):
+                    if t0 + i >= eos:
+                        A_s[i, j] = T.cast(0, dtype)
+                T.fence_proxy_async()
+                T.sync_threads(BAR_TRANSITION, 128)
+            # X = diag(beta) (A_k^T K): A_k's rows hold zeros above the diagonal (kkt_solve writes them whole)
+            T.gemm(A_s, K_s, X_f, transpose_A=True, clear_accum=True)
+            for i, d in T.Parallel(C, K):
+                X_f[i, d] = X_f[i, d] * F_s[2, i]
             T.copy(X_f, X_s)
             T.fence_proxy_async()
             T.sync_threads(BAR_TRANSITION, 128)
@@ -194,7 +209,6 @@ def bwd_h_ws_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype:
             X0 = T.alloc_shared((C, K), dtype)
             X1 = T.alloc_shared((C, K), dtype)
             Y_s = T.alloc_shared((C, BV), dtype)
-            Ab_s = T.alloc_shared((C, C), dtype)
             full = T.alloc_barrier([128] * NS)
             empty = T.alloc_barrier([256] * NS)
             s_ready = T.alloc_barrier([128, 128])
@@ -203,6 +217,7 @@ def bwd_h_ws_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype:
             h_free = T.alloc_barrier([128, 128])
             S_f = T.alloc_fragment((K, BV), "float32")
             KS_f = T.alloc_fragment((C, BV), "float32")
+            V_f = T.alloc_fragment((C, BV), "float32")
             X_f = T.alloc_fragment((C, K), "float32")
 
             tx = T.get_thread_binding()
@@ -224,17 +239,17 @@ def bwd_h_ws_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype:
                     S_f[i, j] = h0[n, h, i, v0 + j]
                 for p in T.serial(n_rounds):
                     state_step(0, 0, 2 * p, n_run, bos, eos, K0, V0, F0, S0,
-                               X0, Y_s, S_f, KS_f, full, empty, s_ready, x_ready, x_free, h_free)
+                               X0, Y_s, S_f, KS_f, V_f, full, empty, s_ready, x_ready, x_free, h_free)
                     state_step(1, 1, 2 * p + 1, n_run, bos, eos, K1, V1, F1, S1,
-                               X1, Y_s, S_f, KS_f, full, empty, s_ready, x_ready, x_free, h_free)
+                               X1, Y_s, S_f, KS_f, V_f, full, empty, s_ready, x_ready, x_free, h_free)
             else:
                 T.set_max_nreg(NREG_TRANSITION, 1)
                 for p in T.serial(n_rounds):
                     transition_step(0, 0, 2 * p, n_run, bos, eos, cbase, h, v0, h_out, K0,
-                                    A0, F0, S0, X0, Ab_s, X_f, full, empty, s_ready,
+                                    A0, F0, S0, X0, X_f, full, empty, s_ready,
                                     x_ready, x_free, h_free)
                     transition_step(1, 1, 2 * p + 1, n_run, bos, eos, cbase, h, v0, h_out, K1,
-                                    A1, F1, S1, X1, Ab_s, X_f, full, empty, s_ready,
+                                    A1, F1, S1, X1, X_f, full, empty, s_ready,
                                     x_ready, x_free, h_free)
 
     return compile_for(T.prim_func(bwd_h_ws), arch, {PassConfigKey.TL_DISABLE_THREAD_STORAGE_SYNC: True})
