@@ -69,7 +69,7 @@ per chunk: parity cr & 1, and (cr & 1) ^ 1 for "freed by chunk cr - 1"):
              arrive v_ready[b]
              dS = e[C-1] dS; dS += K^T dU_s (wgmma); dS += Q^T E_s[b] (wgmma); arrive empty[b]
   aux:       wait full[b] (ph); cr == 0 partial: zero rows >= eos of Q, K, dO, Pg, Ag in slot b;
-             E_s[b] = rows(bf16(scale e dO)); fence; bar.sync(2, 128); arrive aux_ready[b]
+             PT_f = rows(scale e dO); E_s[b] = bf16(PT_f); fence; bar.sync(2, 128); arrive aux_ready[b]
              PT = Pg^T dO (wgmma); arrive empty[b]
              wait pt_free ((cr & 1) ^ 1); PT_s = PT; arrive pt_ready
              wait s_ready[b] (ph); dh[c] rows <- dS_s[b]
@@ -144,7 +144,9 @@ counts, parities, fences, setmaxnreg and the single __syncthreads listed above.
 The state warpgroup's tiles (dV', dU; until session 26 also dv) are formed in place on its dead accumulators and
 copied to shared memory whole (stmatrix; session 13's dv tile, read row-wise by the aux role, was swizzled):
 bwd_dh_ws in the API's backward 568 -> 477 us at hk16_hv16 1x32768, 1425 -> 1114 at hk16_hv64. (The same
-change to bwd_h_ws's Y tile measured slower, 264 -> 289 and 998 -> 1098 us, and was reverted.)
+change to bwd_h_ws's Y tile measured slower then, 264 -> 289 and 998 -> 1098 us; with V read into registers
+under the K S wgmma it is bwd_h_ws's Y since session 32.) The aux warpgroup's eDO is formed in PT_f and copied
+whole (session 32): one loop reading dO_s and writing E_s does not batch its loads (docs/development.md).
 """
 
 import functools
