@@ -168,9 +168,9 @@ def chunk_steps(C: int, K: int, V: int, dtype: str) -> SimpleNamespace:
         summed in 8 lanes, then along the row), a butterfly per warp, the 4 warp sums into sv_s[0:4] and zeros in
         sv_s[4:C] (dg_tail sums all C). Session 29's probes had the former C x V fragment reduction at ~2.2 k cycles
         of warpgroup 1's ~26 k per chunk; with it bwd_fused's deferred dq / dk stores gained 0.967x against 0.981x
-        alone (session 31). In bwd_chunk (once per v-head of the group) session 31 saw the hk16_hv32 32k rows
-        1.015-1.023x slower and the hk2_hv4 / hk4_hv8 8k rows 1.7-3.6% faster, across calls: the fragment version's
-        A/B is results/h200/2026-12-04_s31/scripts/wip-s32-svchunk.patch."""
+        alone (session 31). In bwd_chunk (once per v-head of the group) the fragment version against this one in one call
+        (session 32, results/h200/2026-12-04_s32/call1/): 0.998x on the hk16_hv32 32k rows, 2467 vs 2466 us of
+        bwd_chunk at hk16_hv64 1x32768: session 31's cross-call 1.015-1.023x on those rows was not this."""
         lt = T.get_thread_binding() - 128
         seg = T.alloc_local((8,), "float32")
         part = T.alloc_var("float32", init=0.0)
