@@ -38,7 +38,11 @@ from collections.abc import Sequence
 # Since it forms Pm itself the step is ~3.22 (825 / 256) and kkt_solve runs without Pm (614 -> 484 us there,
 # ~0.5 us per step of that grid): the model's 3.08 sits between the two effects, which it does not model.
 FORWARD_STEP_US = {32: 1.17, 64: 1.77, 128: 3.08}
-# bwd_dh_ws, bwd_h_ws (one tile serves both): they run side by side (streams.py), bwd_dh_ws's blocks served first
+# bwd_dh_ws, bwd_h_ws (one tile serves both): they run side by side (streams.py), bwd_dh_ws's blocks served first.
+# bwd_h_ws alone has been faster since session 32 (1.57 / 1.07 at BV 64 / 32). In session 33 the choices were checked
+# against forced tiles over h200-bwd phase bwd (results/h200/2026-12-04_s33/call4/): forcing 64 was 1.007x the
+# model's time, forcing 32 1.080x. The best of the three was 0.997x, with only hk2_hv4 8k_1seq / 8k_2seq 4% faster
+# at 32. So the steps stay.
 BACKWARD_STEP_US = {32: (1.66, 1.70), 64: (2.74, 1.94)}
 SIMULATED_WAVES = 16
 

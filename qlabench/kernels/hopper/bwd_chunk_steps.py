@@ -168,9 +168,10 @@ def chunk_steps(C: int, K: int, V: int, dtype: str) -> SimpleNamespace:
         summed in 8 lanes, then along the row), a butterfly per warp, the 4 warp sums into sv_s[0:4] and zeros in
         sv_s[4:C] (dg_tail sums all C). Session 29's probes had the former C x V fragment reduction at ~2.2 k cycles
         of warpgroup 1's ~26 k per chunk; with it bwd_fused's deferred dq / dk stores gained 0.967x against 0.981x
-        alone (session 31). In bwd_chunk (once per v-head of the group) the fragment version against this one in one call
-        (session 32, results/h200/2026-12-04_s32/call1/): 0.998x on the hk16_hv32 32k rows, 2467 vs 2466 us of
-        bwd_chunk at hk16_hv64 1x32768: session 31's cross-call 1.015-1.023x on those rows was not this."""
+        alone (session 31). In bwd_chunk (once per v-head of the group) its cost against the fragment version is
+        unmeasured: session 32's one-call A/B (results/h200/2026-12-04_s32/call1/) ran this version on both sides (the
+        variant tree on PYTHONPATH was shadowed by `python -m`; results/h200/NOTES.md, session 33), so session 31's
+        cross-call 1.015-1.023x on the hk16_hv32 32k rows is still open."""
         lt = T.get_thread_binding() - 128
         seg = T.alloc_local((8,), "float32")
         part = T.alloc_var("float32", init=0.0)
