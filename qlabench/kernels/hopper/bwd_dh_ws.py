@@ -199,10 +199,6 @@ def _bwd_dh_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str,
     n_fc = T.dynamic("n_fc")
     n_skip = T.dynamic("n_skip")
 
-    def rows(t0, eos, i, value):
-        """value on rows of the sequence; zero past its end (a select, not a multiply)."""
-        return T.if_then_else(t0 + i < eos, value, T.cast(0, dtype))
-
     @T.macro
     def produce(slot: int, cr, n_chunks, bos, cbase, h, hk, v0, q, k, do, Pg, Ag, fac,
                 Q_s, K_s, dO_s, Pg_s, Ag_s, F_s, full, empty):
