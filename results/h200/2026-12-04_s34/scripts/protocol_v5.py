@@ -82,8 +82,9 @@ def run(n, rng):
                 done[key] = done.get(key, 0) + 1
 
 
-rng = random.Random(0)
-for n in range(0, 12):
-    for _ in range(3000):
-        run(n, rng)
-print("v5 protocol: no deadlock, no parity aliasing over n_chunks 0..11 x 3000 interleavings")
+if __name__ == "__main__":
+    rng = random.Random(0)
+    for n in range(0, 12):
+        for _ in range(3000):
+            run(n, rng)
+    print("v5 protocol: no deadlock, no parity aliasing over n_chunks 0..11 x 3000 interleavings")
