@@ -1,8 +1,8 @@
 """Model check of bwd_h_ws htma's mbarrier protocol (the producer stores h[c - 1] by TMA after its loads of c), as
-protocol_v5.py: roles as op lists, random interleavings; flags deadlock and parity aliasing."""
+protocol_v5.py (its run(): random interleavings; flags deadlock and parity aliasing)."""
 import random
 
-from protocol_v5 import A, W
+from protocol_v5 import A, W, run
 
 COUNTS = {"full": 1, "empty": 2, "s_ready": 1, "h_free": 1, "x_ready": 1, "x_free": 1}
 
@@ -35,44 +35,9 @@ def transition(n):
     return ops
 
 
-def run(n, rng):
-    progs = {"producer": producer(n), "state": state(n), "transition": transition(n)}
-    pc = {r: 0 for r in progs}
-    done, pend = {}, {}
-    while True:
-        ready = []
-        for r, ops in progs.items():
-            if pc[r] == len(ops):
-                continue
-            op = ops[pc[r]]
-            if op[0] == "arrive":
-                ready.append(r)
-                continue
-            _, bar, slot, k = op
-            n_done = done.get((bar, slot), 0)
-            if n_done % 2 != k % 2:
-                assert n_done == k + 1, f"aliasing or early pass: {r} {op}, {n_done} done"
-                ready.append(r)
-            else:
-                assert n_done < k + 2, f"missed phase: {r} {op}, {n_done} done"
-        if not ready:
-            left = {r: progs[r][pc[r]] for r in progs if pc[r] < len(progs[r])}
-            assert not left, f"deadlock at n={n}: {left}"
-            return
-        r = rng.choice(ready)
-        op = progs[r][pc[r]]
-        pc[r] += 1
-        if op[0] == "arrive":
-            key = (op[1], op[2])
-            pend[key] = pend.get(key, 0) + 1
-            if pend[key] == COUNTS[op[1]]:
-                pend[key] = 0
-                done[key] = done.get(key, 0) + 1
-
-
 if __name__ == "__main__":
     rng = random.Random(1)
     for n in range(12):
         for _ in range(3000):
-            run(n, rng)
+            run(n, rng, {"producer": producer, "state": state, "transition": transition}, COUNTS)
     print("htma protocol: no deadlock, no parity aliasing over n_run 0..11 x 3000 interleavings")

@@ -45,8 +45,10 @@ def aux(n):
     return ops
 
 
-def run(n, rng):
-    progs = {"producer": producer(n), "state": state(n), "aux": aux(n)}
+def run(n, rng, roles=None, counts=COUNTS):
+    """One random interleaving of the roles (name -> op list builder, default v5's) at ``n`` chunks; ``counts``: the
+    arrivals that complete a phase of each barrier."""
+    progs = {r: build(n) for r, build in (roles or {"producer": producer, "state": state, "aux": aux}).items()}
     pc = {r: 0 for r in progs}
     done = {}  # (bar, slot) -> completed phases
     pend = {}  # (bar, slot) -> arrivals in the current phase
@@ -77,7 +79,7 @@ def run(n, rng):
         if op[0] == "arrive":
             key = (op[1], op[2])
             pend[key] = pend.get(key, 0) + 1
-            if pend[key] == COUNTS[op[1]]:
+            if pend[key] == counts[op[1]]:
                 pend[key] = 0
                 done[key] = done.get(key, 0) + 1
 
