@@ -9,7 +9,7 @@
 # B. bwd_dh_ws's own GPU test (structure + A/B against bwd_dh_pipelined and the twin) from both and ntboth, in
 #    parallel (~30 s).
 # C. pick: the faster alone (sum over the three configs) of the candidates whose test passed and that beat old at
-#    (16, 64, 64) and (16, 16, 32); none -> stop.
+#    (16, 64, 64) and (16, 16, 32); with none, htma alone (tree htma) if it beat old there; else stop.
 # D. the backward and CP-backward GPU tests from the pick's tree; if they fail, once more from its bwd_dh-only tree
 #    (dh or nt: is htma the culprit?). The dg stress test belongs to the final suite.
 # E. if time is left: h200-bwd phase bwd (qla) old / pick through qrun.py (next2.sh otherwise).
@@ -82,11 +82,24 @@ for t in ("both", "ntboth"):
 print(min(ok)[1] if ok else "none")
 PY
 )
+if [ "$pick" = none ]; then  # no bwd_dh_ws variant: htma alone, if it is faster alone (tree htma = main + htma)
+  pick=$(python - "$d" <<'PY'
+import re, sys
+step = {}
+for block in open(f"{sys.argv[1]}/h_alone.txt").read().split("== ")[1:]:
+    m = re.search(r"us, ([0-9.]+) us per chunk step", block)
+    if m:
+        step[tuple(block.split("\n")[0].split())] = float(m.group(1))
+cfgs = [("16", "64", "64"), ("16", "16", "32")]
+print("htma" if all(step.get(("both", *c), 1e9) < step.get(("old", *c), 0) for c in cfgs) else "none")
+PY
+)
+fi
 echo "$pick" > $d/pick.txt; pk
 echo "pick: $pick ($(el) s)"
 [ "$pick" = none ] && exit 0
 # D
-declare -A solo=([both]=dh [ntboth]=nt)
+declare -A solo=([both]=dh [ntboth]=nt [htma]=none)
 tests_ok() {  # tree -> the backward / CP-backward GPU tests; 0 if both files pass
   local t=$1
   for f in tests/kernels/test_backward_gpu.py tests/kernels/test_backward_cp_gpu.py; do
@@ -103,7 +116,7 @@ tests_ok() {  # tree -> the backward / CP-backward GPU tests; 0 if both files pa
 }
 if tests_ok $pick; then
   use=$pick
-elif [ $(el) -lt 330 ] && tests_ok ${solo[$pick]}; then
+elif [ ${solo[$pick]} != none ] && [ $(el) -lt 330 ] && tests_ok ${solo[$pick]}; then
   use=${solo[$pick]}
 else
   echo "tests failed at $(el) s"; echo "failed" >> $d/pick.txt; pk; exit 0
