@@ -4,6 +4,7 @@ flags deadlock and parity aliasing). Run from this folder with ../../2026-12-04_
 import random
 
 from protocol_v5 import COUNTS, A, W, run, state
+from protocol_v5 import aux as aux_v5
 
 
 def producer(n):
@@ -14,12 +15,13 @@ def producer(n):
 
 
 def aux(n):
-    ops = []
-    for cr in range(n):
-        b = cr % 2
-        ops += [W("full", b, cr // 2), A("aux_ready", b), W("pt_free", 0, cr - 1), A("pt_ready", 0),
-                A("empty", b), W("z_free", 0, cr - 1), A("z_ready", 0),
-                W("s_ready", b, cr // 2), W("v_ready", b, cr // 2), A("h_free", b)]
+    """v5's aux (protocol_v5.aux) with each chunk's row stores after its z_ready arrive."""
+    ops, cr = [], 0
+    for op in aux_v5(n):
+        ops.append(op)
+        if op == A("z_ready", 0):
+            ops += [W("s_ready", cr % 2, cr // 2), W("v_ready", cr % 2, cr // 2), A("h_free", cr % 2)]
+            cr += 1
     return ops
 
 
