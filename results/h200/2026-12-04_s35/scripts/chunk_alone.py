@@ -1,7 +1,6 @@
 """Session 35: bwd_chunk alone on synthetic inputs (one sequence of T tokens): median time, us per (chunk, v-head)
 item, and with the probe build (wip/s35-chunk-probe: qlabench.kernels.backward.LAST_CLOG's layout, the kernel taking
 a tlog argument) the clock64 phase split per warpgroup. usage: chunk_alone.py H_qk H_v [T]"""
-import inspect
 import sys
 
 import torch
