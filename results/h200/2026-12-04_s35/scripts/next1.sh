@@ -18,14 +18,8 @@
 #   ".device/s35", ".device/gpu-tests"] (results/ moved out of the tree first), command
 #   "bash .device/gpu-env.sh bash .device/s35/next1.sh", timeout_s 600
 set -u
-t0=$(date +%s); el() { echo $(( $(date +%s) - t0 )); }
-[ -d .device/tlcache/0.1.15 ] || tar -xJf .device/tlcache.tar.xz -C .device/
-export TILELANG_CACHE_DIR=$PWD/.device/tlcache
-d=/tmp/n1_$t0; mkdir -p $d
-pk() { tar -C $d -cf $OUT/n1.tar .; }
-[ -d .device/s35/trees/old ] || tar -xJf .device/s35/trees.tar.xz -C .device/s35/
-TR=$PWD/.device/s35/trees
-S=$PWD/.device/s35
+. .device/s35/common.sh
+call_setup n1
 cp $TR/COMMITS $d/
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv > $d/gpu.txt 2>&1
 # A
@@ -125,13 +119,6 @@ echo "use $use" >> $d/pick.txt; pk
 echo "tests pass for $use at $(el) s"
 # E
 [ $(el) -lt 360 ] || { echo "no time for the API A/B: next2.sh $use"; exit 0; }
-export QLABENCH_CONFIG_DIR=$PWD/configs
-run() {  # name timeout tree args...
-  local name=$1 lim=$2 tree=$3; shift 3
-  PYTHONPATH=$TR/$tree:$PYTHONPATH QLABENCH_GIT_COMMIT=$(awk -v t=$tree '$1 == t {print $2}' $TR/COMMITS) \
-    timeout -s KILL $lim python $S/qrun.py run --arch sm90 --no-progress --out $d/$name.json "$@" > $d/$name.log 2>&1
-  echo "$name rc $? at $(el) s ($(head -1 $d/$name.log))"; pk
-}
 R="--sweep h200-bwd --phase bwd --backends qla"
 run b_old 110 old $R
 run b_$use 110 $use $R

@@ -14,21 +14,8 @@
 #   device run: the carry of next1.sh, command "bash .device/gpu-env.sh bash .device/s35/next2.sh <tree>", timeout_s 600
 set -u
 use=${1:?tree name}
-t0=$(date +%s); el() { echo $(( $(date +%s) - t0 )); }
-[ -d .device/tlcache/0.1.15 ] || tar -xJf .device/tlcache.tar.xz -C .device/
-export TILELANG_CACHE_DIR=$PWD/.device/tlcache
-export QLABENCH_CONFIG_DIR=$PWD/configs
-d=/tmp/n2_$t0; mkdir -p $d
-pk() { tar -C $d -cf $OUT/n2.tar .; }
-[ -d .device/s35/trees/old ] || tar -xJf .device/s35/trees.tar.xz -C .device/s35/
-TR=$PWD/.device/s35/trees
-S=$PWD/.device/s35
-run() {  # name timeout tree args...
-  local name=$1 lim=$2 tree=$3; shift 3
-  PYTHONPATH=$TR/$tree:$PYTHONPATH QLABENCH_GIT_COMMIT=$(awk -v t=$tree '$1 == t {print $2}' $TR/COMMITS) \
-    timeout -s KILL $lim python $S/qrun.py run --arch sm90 --no-progress --out $d/$name.json "$@" > $d/$name.log 2>&1
-  echo "$name rc $? at $(el) s ($(head -1 $d/$name.log))"; pk
-}
+. .device/s35/common.sh
+call_setup n2
 R="--sweep h200-bwd --phase bwd --backends qla"
 run b_old 110 old $R
 run b_$use 110 $use $R
