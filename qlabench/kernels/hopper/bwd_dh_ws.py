@@ -165,6 +165,7 @@ NREG_STATE = 232
 NREG_AUX = 232
 BAR_STATE = 1  # named barrier of the state warpgroup's internal syncs (0 is __syncthreads)
 BAR_AUX = 2  # named barrier of the aux warpgroup's internal syncs
+PT_PAD = 8  # fp32 columns of row padding of the Pg^T dO hand-off tile (bank-conflict-free rows)
 
 
 def bwd_dh_ws_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str, arch: str):
@@ -177,10 +178,12 @@ def bwd_dh_ws_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype
 
 def shared_memory_bytes(K: int, BV: int, C: int = 64, elem: int = 2) -> int:
     """Dynamic shared memory of the kernel, from its allocations (the mbarriers are static)."""
-    ring = 2 * (2 * C * K + C * BV + 2 * C * C) * elem + 2 * 3 * C * 4  # Q (then Rg), K, dO, Pg, Ag, fac per slot
-    handoff = 2 * (K * BV + C * BV + C * K) * elem  # dS_s, Yr_s (state -> aux), Zn_s (aux -> state) per parity
-    scratch = C * BV * elem  # dVp_s (aux)
-    return ring + handoff + scratch
+    ring = 2 * (2 * C * K + C * BV + 2 * C * C) * elem + 2 * 3 * C * 4  # Q, K, dO, Pg, Ag, fac per slot
+    handoff = 2 * (K * BV + C * BV) * elem  # dS_s, dVp_s per parity (state -> aux)
+    edo = 2 * C * BV * elem  # eDO per parity (aux -> state)
+    pt = C * (BV + PT_PAD) * 4  # Pg^T dO, fp32, one buffer (aux -> state)
+    zn = C * K * elem  # Zn = -Ag diag(e) K, one buffer (aux -> state)
+    return ring + handoff + edo + pt + zn
 
 
 @functools.cache
@@ -213,8 +216,8 @@ def _bwd_dh_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str,
             T.mbarrier_arrive(full[slot])
 
     @T.macro
-    def state_step(slot: int, cr, n_chunks, bos, eos, Q_s, K_s, dO_s, F_s, dS_s, Yr_s, Zn_s, dS_f, Y_f,
-                   full, empty, s_ready, y_ready, z_ready, z_free, h_free):
+    def state_step(slot: int, cr, n_chunks, bos, eos, Q_s, K_s, F_s, E_s, dS_s, dVp_s, PT_s, Zn_s, dS_f, dVp_f,
+                   full, empty, aux_ready, s_ready, v_ready, h_free, pt_ready, pt_free, z_ready, z_free):
         if cr < n_chunks:
             ph = (cr // 2) & 1
             c = n_chunks - 1 - cr
@@ -226,83 +229,83 @@ def _bwd_dh_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str,
             T.sync_threads(BAR_STATE, 128)
             T.mbarrier_arrive(s_ready[slot])
 
-            # K dS in flight while dS decays and Rg^T dO (off the chain) is issued behind it
-            T.wgmma_gemm(K_s, dS_s, Y_f, clear_accum=True)
+            # K dS in flight while dS decays and Q^T eDO (off the chain) is issued behind it
+            T.wgmma_gemm(K_s, dS_s, dVp_f, clear_accum=True)
             for i, j in T.Parallel(K, BV):
                 dS_f[i, j] = dS_f[i, j] * F_s[0, C - 1]
-            T.mbarrier_wait_parity(z_ready[slot], ph)
-            T.wgmma_gemm(Q_s, dO_s, dS_f, transpose_A=True)  # Q_s holds Rg (aux, in place)
+            T.mbarrier_wait_parity(aux_ready[slot], ph)
+            T.wgmma_gemm(Q_s, E_s, dS_f, transpose_A=True)
             T.wait_wgmma(1)
-            # Yr = diag(r) K dS, formed in place on its accumulator and copied whole (stmatrix)
+            T.mbarrier_wait_parity(pt_ready[0], cr & 1)
+            # dV' formed in place on its (then dead) accumulator and copied whole (stmatrix)
             for i, j in T.Parallel(C, BV):
-                Y_f[i, j] = T.if_then_else(t0 + i < eos, Y_f[i, j] * F_s[1, i], 0.0)
-            T.copy(Y_f, Yr_s)
+                dVp_f[i, j] = T.if_then_else(t0 + i < eos, dVp_f[i, j] * F_s[1, i] + PT_s[i, j], 0.0)
+            T.copy(dVp_f, dVp_s)
+            T.mbarrier_arrive(pt_free[0])
             T.fence_proxy_async()
             T.sync_threads(BAR_STATE, 128)
-            T.mbarrier_arrive(y_ready[slot])
+            T.mbarrier_arrive(v_ready[slot])
 
-            T.gemm(Zn_s, Yr_s, dS_f, transpose_A=True)
-            T.mbarrier_arrive(z_free[slot])
+            T.mbarrier_wait_parity(z_ready[0], cr & 1)
+            T.gemm(Zn_s, dVp_s, dS_f, transpose_A=True)  # K^T dU = Zn^T dV'
+            T.mbarrier_arrive(z_free[0])
             T.mbarrier_arrive(empty[slot])
 
     @T.macro
+    def zn_product(slot: int, cr, n_chunks, bos, eos, K_s, Ag_s, F_s, Ag_f, Zn_f, full):
+        """Zn = -Ag diag(e) K of chunk cr into Zn_f (Ag diag(e) formed in registers: the wgmma's A operand)."""
+        if cr < n_chunks:
+            c = n_chunks - 1 - cr
+            t0 = bos + c * C
+            T.mbarrier_wait_parity(full[slot], (cr // 2) & 1)
+            for i, j in T.Parallel(C, C):
+                Ag_f[i, j] = T.if_then_else((t0 + i < eos) & (t0 + j < eos), -Ag_s[i, j] * F_s[0, j], 0.0)
+            T.gemm(Ag_f, K_s, Zn_f, clear_accum=True)
+
+    @T.macro
     def aux_step(slot: int, cr, n_chunks, bos, eos, cbase, h, v0, scale, has_skip, dh_out, dvp_out,
-                 Q_s, K_s, dO_s, Pg_s, Ag_s, F_s, dS_s, Yr_s, Zn_s, dVp_s, X_f, Ag_f, PT_f,
-                 full, empty, s_ready, y_ready, z_ready, z_free, h_free):
+                 dO_s, Pg_s, F_s, E_s, dS_s, dVp_s, PT_s, Zn_s, PT_f, Zn_f,
+                 K_n, Ag_n, F_n, Ag_f, full, empty, aux_ready, s_ready, v_ready, h_free, pt_ready, pt_free,
+                 z_ready, z_free):
+        """Chunk cr's eDO, Pg^T dO and Zn hand-offs, then the next chunk's Zn product (K_n, Ag_n, F_n: the other
+        ring slot), then chunk cr's dh and dV' row stores."""
         if cr < n_chunks:
             ph = (cr // 2) & 1
             c = n_chunks - 1 - cr
             t0 = bos + c * C
             T.mbarrier_wait_parity(full[slot], ph)
-            if t0 + C > eos:  # the sequence's partial last chunk (cr == 0): rows past its end = 0
-                for i, d in T.Parallel(C, K):
-                    if t0 + i >= eos:
-                        K_s[i, d] = T.cast(0, dtype)
-                for i, j in T.Parallel(C, BV):
-                    if t0 + i >= eos:
-                        dO_s[i, j] = T.cast(0, dtype)
-                for i, j in T.Parallel(C, C):
-                    if t0 + i >= eos:
-                        Pg_s[i, j] = T.cast(0, dtype)
-                T.fence_proxy_async()
-                T.sync_threads(BAR_AUX, 128)
-            # Age = -Ag diag(e) in registers (the A operand of Zn = Age K), rows and columns past the end a select
-            for i, j in T.Parallel(C, C):
-                Ag_f[i, j] = T.if_then_else((t0 + i < eos) & (t0 + j < eos), -Ag_s[i, j] * F_s[0, j], 0.0)
-            T.gemm(Ag_f, K_s, X_f, clear_accum=True)  # Zn = -Ag diag(e) K
-            T.mbarrier_wait_parity(z_free[slot], ph ^ 1)
-            T.copy(X_f, Zn_s)
+            # formed in PT_f (free until Pg^T dO below), then copied whole: one loop reading dO_s and writing E_s is
+            # serialised by their possible aliasing (bwd_h_ws's Y, H200 session 32)
+            for i, j in T.Parallel(C, BV):
+                PT_f[i, j] = T.if_then_else(t0 + i < eos, scale * F_s[0, i] * dO_s[i, j], 0.0)
+            T.copy(PT_f, E_s)
             T.fence_proxy_async()
             T.sync_threads(BAR_AUX, 128)
-            T.gemm(Pg_s, Zn_s, X_f, clear_accum=True)  # Pg Zn
-            for i, d in T.Parallel(C, K):
-                X_f[i, d] = T.if_then_else(t0 + i < eos, X_f[i, d] + scale * F_s[0, i] * Q_s[i, d], 0.0)
-            T.sync_threads(BAR_AUX, 128)  # every aux thread has read Q_s before Rg overwrites it
-            T.copy(X_f, Q_s)
-            T.fence_proxy_async()
-            T.sync_threads(BAR_AUX, 128)
-            T.mbarrier_arrive(z_ready[slot])
+            T.mbarrier_arrive(aux_ready[slot])
 
-            # one branch per mode (has_skip is uniform): two separate `if has_skip == 0` around the Pg^T dO product
-            # and its use keep PT_f live across the chunk loop (spills)
-            if has_skip == 0:
-                T.gemm(Pg_s, dO_s, PT_f, transpose_A=True, clear_accum=True)  # Pg^T dO
-                T.mbarrier_arrive(empty[slot])
-                T.mbarrier_wait_parity(s_ready[slot], ph)
+            T.gemm(Pg_s, dO_s, PT_f, transpose_A=True, clear_accum=True)
+            T.mbarrier_arrive(empty[slot])
+            T.mbarrier_wait_parity(pt_free[0], (cr & 1) ^ 1)
+            for i, j in T.Parallel(C, BV):
+                PT_s[i, j] = PT_f[i, j]
+            T.mbarrier_arrive(pt_ready[0])
+
+            T.mbarrier_wait_parity(z_free[0], (cr & 1) ^ 1)
+            T.copy(Zn_f, Zn_s)
+            T.fence_proxy_async()
+            T.sync_threads(BAR_AUX, 128)
+            T.mbarrier_arrive(z_ready[0])
+            zn_product(1 - slot, cr + 1, n_chunks, bos, eos, K_n, Ag_n, F_n, Ag_f, Zn_f, full)
+
+            T.mbarrier_wait_parity(s_ready[slot], ph)
+            if has_skip == 0:  # the local and transition passes (has_skip) keep only dh0: no row stores
                 for i, j in T.Parallel(K, BV):
                     dh_out[cbase + c, h, i, v0 + j] = dS_s[i, j]
-                T.mbarrier_wait_parity(y_ready[slot], ph)
-                for i, j in T.Parallel(C, BV):  # dV' = Yr + Pg^T dO
-                    PT_f[i, j] = PT_f[i, j] + Yr_s[i, j]
-                T.copy(PT_f, dVp_s)
-                T.sync_threads(BAR_AUX, 128)
+            T.mbarrier_wait_parity(v_ready[slot], ph)
+            if has_skip == 0:
                 for i, j in T.Parallel(C, BV):
                     if t0 + i < eos:
                         dvp_out[t0 + i, h, v0 + j] = dVp_s[i, j]
-            else:  # the local and transition passes keep only dh0: no dV', no row stores
-                T.mbarrier_arrive(empty[slot])
-                T.mbarrier_wait_parity(s_ready[slot], ph)
-                T.mbarrier_wait_parity(y_ready[slot], ph)
             T.mbarrier_arrive(h_free[slot])
 
     def bwd_dh_ws(
@@ -324,7 +327,7 @@ def _bwd_dh_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str,
         has_skip: T.int32,
     ):
         with T.Kernel(NV, (n_cu - 1) * h_v, threads=THREADS) as (iv, nh):
-            # input ring, slot 0 and slot 1 (Q's tile is overwritten by Rg in its chunk)
+            # input ring, slot 0 and slot 1
             Q0 = T.alloc_shared((C, K), dtype)
             Q1 = T.alloc_shared((C, K), dtype)
             K0 = T.alloc_shared((C, K), dtype)
@@ -337,27 +340,31 @@ def _bwd_dh_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str,
             A1 = T.alloc_shared((C, C), dtype)
             F0 = T.alloc_shared((3, C), "float32")
             F1 = T.alloc_shared((3, C), "float32")
-            # state -> aux (dh, Yr of the chunk) and aux -> state (Zn), double-buffered by chunk parity
+            # state -> aux hand-off (dh, dV' of the chunk), double-buffered by chunk parity
             S0 = T.alloc_shared((K, BV), dtype)
             S1 = T.alloc_shared((K, BV), dtype)
-            Y0 = T.alloc_shared((C, BV), dtype)
-            Y1 = T.alloc_shared((C, BV), dtype)
-            Z0 = T.alloc_shared((C, K), dtype)
-            Z1 = T.alloc_shared((C, K), dtype)
-            # aux warpgroup scratch
-            dVp_s = T.alloc_shared((C, BV), dtype)
+            Vp0 = T.alloc_shared((C, BV), dtype)
+            Vp1 = T.alloc_shared((C, BV), dtype)
+            # aux -> state: eDO by parity; Pg^T dO (fp32, padded rows) and Zn single
+            E0 = T.alloc_shared((C, BV), dtype)
+            E1 = T.alloc_shared((C, BV), dtype)
+            PT_s = T.alloc_shared((C, BV + PT_PAD), "float32")
+            Zn_s = T.alloc_shared((C, K), dtype)
             full = T.alloc_barrier([128, 128])
             empty = T.alloc_barrier([256, 256])
+            aux_ready = T.alloc_barrier([128, 128])
             s_ready = T.alloc_barrier([128, 128])
-            y_ready = T.alloc_barrier([128, 128])
-            z_ready = T.alloc_barrier([128, 128])
-            z_free = T.alloc_barrier([128, 128])
+            v_ready = T.alloc_barrier([128, 128])
             h_free = T.alloc_barrier([128, 128])
+            pt_ready = T.alloc_barrier([128])
+            pt_free = T.alloc_barrier([128])
+            z_ready = T.alloc_barrier([128])
+            z_free = T.alloc_barrier([128])
             dS_f = T.alloc_fragment((K, BV), "float32")
-            Y_f = T.alloc_fragment((C, BV), "float32")
-            X_f = T.alloc_fragment((C, K), "float32")
-            Ag_f = T.alloc_fragment((C, C), dtype)
+            dVp_f = T.alloc_fragment((C, BV), "float32")
             PT_f = T.alloc_fragment((C, BV), "float32")
+            Zn_f = T.alloc_fragment((C, K), "float32")
+            Ag_f = T.alloc_fragment((C, C), dtype)
 
             T.annotate_layout(swizzled(A0, A1))  # read in the wgmma A-operand register layout (conflict-free)
             tx = T.get_thread_binding()
@@ -377,21 +384,38 @@ def _bwd_dh_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str,
                 for i, j in T.Parallel(K, BV):
                     dS_f[i, j] = dht[n, h, i, v0 + j]
                 for p in T.serial(n_pairs):
-                    state_step(0, 2 * p, n_chunks, bos, eos, Q0, K0, O0, F0, S0, Y0, Z0, dS_f, Y_f,
-                               full, empty, s_ready, y_ready, z_ready, z_free, h_free)
-                    state_step(1, 2 * p + 1, n_chunks, bos, eos, Q1, K1, O1, F1, S1, Y1, Z1, dS_f, Y_f,
-                               full, empty, s_ready, y_ready, z_ready, z_free, h_free)
+                    state_step(0, 2 * p, n_chunks, bos, eos, Q0, K0, F0, E0, S0, Vp0, PT_s, Zn_s, dS_f, dVp_f,
+                               full, empty, aux_ready, s_ready, v_ready, h_free, pt_ready, pt_free, z_ready, z_free)
+                    state_step(1, 2 * p + 1, n_chunks, bos, eos, Q1, K1, F1, E1, S1, Vp1, PT_s, Zn_s, dS_f, dVp_f,
+                               full, empty, aux_ready, s_ready, v_ready, h_free, pt_ready, pt_free, z_ready, z_free)
                 for i, j in T.Parallel(K, BV):
                     dh0_out[n, h, i, v0 + j] = dS_f[i, j]
             else:
                 T.set_max_nreg(NREG_AUX, 1)
+                if n_chunks > 0:  # chunk 0 (the sequence's last, possibly partial: rows past its end = 0), its Zn
+                    t0 = bos + (n_chunks - 1) * C
+                    T.mbarrier_wait_parity(full[0], 0)
+                    if t0 + C > eos:
+                        for i, d in T.Parallel(C, K):
+                            if t0 + i >= eos:
+                                Q0[i, d] = T.cast(0, dtype)
+                                K0[i, d] = T.cast(0, dtype)
+                        for i, j in T.Parallel(C, BV):
+                            if t0 + i >= eos:
+                                O0[i, j] = T.cast(0, dtype)
+                        for i, j in T.Parallel(C, C):
+                            if t0 + i >= eos:
+                                P0[i, j] = T.cast(0, dtype)
+                        T.fence_proxy_async()
+                        T.sync_threads(BAR_AUX, 128)
+                    zn_product(0, 0, n_chunks, bos, eos, K0, A0, F0, Ag_f, Zn_f, full)
                 for p in T.serial(n_pairs):
                     aux_step(0, 2 * p, n_chunks, bos, eos, cbase, h, v0, scale, has_skip, dh_out, dvp_out,
-                             Q0, K0, O0, P0, A0, F0, S0, Y0, Z0, dVp_s, X_f, Ag_f, PT_f,
-                             full, empty, s_ready, y_ready, z_ready, z_free, h_free)
+                             O0, P0, F0, E0, S0, Vp0, PT_s, Zn_s, PT_f, Zn_f, K1, A1, F1, Ag_f,
+                             full, empty, aux_ready, s_ready, v_ready, h_free, pt_ready, pt_free, z_ready, z_free)
                     aux_step(1, 2 * p + 1, n_chunks, bos, eos, cbase, h, v0, scale, has_skip, dh_out, dvp_out,
-                             Q1, K1, O1, P1, A1, F1, S1, Y1, Z1, dVp_s, X_f, Ag_f, PT_f,
-                             full, empty, s_ready, y_ready, z_ready, z_free, h_free)
+                             O1, P1, F1, E1, S1, Vp1, PT_s, Zn_s, PT_f, Zn_f, K0, A0, F0, Ag_f,
+                             full, empty, aux_ready, s_ready, v_ready, h_free, pt_ready, pt_free, z_ready, z_free)
 
     configs = {} if auto_sync else {PassConfigKey.TL_DISABLE_THREAD_STORAGE_SYNC: True}
     return compile_for(T.prim_func(bwd_dh_ws), arch, configs)
