@@ -252,30 +252,28 @@ def _bwd_dh_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str,
             T.mbarrier_arrive(empty[slot])
 
     @T.macro
-    def zn_product(slot: int, cr, n_chunks, bos, eos, K_s, Ag_s, F_s, Ag_f, Zn_f, full):
-        """Zn = -Ag diag(e) K of chunk cr into Zn_f (Ag diag(e) formed in registers: the wgmma's A operand)."""
-        if cr < n_chunks:
-            c = n_chunks - 1 - cr
-            t0 = bos + c * C
-            T.mbarrier_wait_parity(full[slot], (cr // 2) & 1)
-            for i, j in T.Parallel(C, C):
-                Ag_f[i, j] = T.if_then_else((t0 + i < eos) & (t0 + j < eos), -Ag_s[i, j] * F_s[0, j], 0.0)
-            T.gemm(Ag_f, K_s, Zn_f, clear_accum=True)
-
-    @T.macro
     def aux_step(slot: int, cr, n_chunks, bos, eos, cbase, h, v0, scale, has_skip, dh_out, dvp_out,
-                 dO_s, Pg_s, F_s, E_s, dS_s, dVp_s, PT_s, Zn_s, PT_f, Zn_f,
-                 K_n, Ag_n, F_n, Ag_f, full, empty, aux_ready, s_ready, v_ready, h_free, pt_ready, pt_free,
-                 z_ready, z_free):
-        """Chunk cr's eDO, Pg^T dO and Zn hand-offs, then the next chunk's Zn product (K_n, Ag_n, F_n: the other
-        ring slot), then chunk cr's dh and dV' row stores."""
+                 Q_s, K_s, dO_s, Pg_s, Ag_s, F_s, E_s, dS_s, dVp_s, PT_s, Zn_s, PT_f, Zn_f, Ag_f,
+                 full, empty, aux_ready, s_ready, v_ready, h_free, pt_ready, pt_free, z_ready, z_free):
         if cr < n_chunks:
             ph = (cr // 2) & 1
             c = n_chunks - 1 - cr
             t0 = bos + c * C
             T.mbarrier_wait_parity(full[slot], ph)
+            if t0 + C > eos:  # the sequence's partial last chunk (cr == 0): rows past its end = 0
+                for i, d in T.Parallel(C, K):
+                    if t0 + i >= eos:
+                        Q_s[i, d] = T.cast(0, dtype)
+                        K_s[i, d] = T.cast(0, dtype)
+                for i, j in T.Parallel(C, BV):
+                    if t0 + i >= eos:
+                        dO_s[i, j] = T.cast(0, dtype)
+                for i, j in T.Parallel(C, C):
+                    if t0 + i >= eos:
+                        Pg_s[i, j] = T.cast(0, dtype)
             # formed in PT_f (free until Pg^T dO below), then copied whole: one loop reading dO_s and writing E_s is
-            # serialised by their possible aliasing (bwd_h_ws's Y, H200 session 32)
+            # serialised by their possible aliasing (bwd_h_ws's Y, H200 session 32); a select too: no ordering on the
+            # zeroing above needed
             for i, j in T.Parallel(C, BV):
                 PT_f[i, j] = T.if_then_else(t0 + i < eos, scale * F_s[0, i] * dO_s[i, j], 0.0)
             T.copy(PT_f, E_s)
@@ -284,18 +282,22 @@ def _bwd_dh_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str,
             T.mbarrier_arrive(aux_ready[slot])
 
             T.gemm(Pg_s, dO_s, PT_f, transpose_A=True, clear_accum=True)
-            T.mbarrier_arrive(empty[slot])
             T.mbarrier_wait_parity(pt_free[0], (cr & 1) ^ 1)
             for i, j in T.Parallel(C, BV):
                 PT_s[i, j] = PT_f[i, j]
             T.mbarrier_arrive(pt_ready[0])
 
+            # Zn = -Ag diag(e) K (Ag diag(e) formed in registers: the wgmma's A operand; rows and columns past the
+            # end a select)
+            for i, j in T.Parallel(C, C):
+                Ag_f[i, j] = T.if_then_else((t0 + i < eos) & (t0 + j < eos), -Ag_s[i, j] * F_s[0, j], 0.0)
+            T.gemm(Ag_f, K_s, Zn_f, clear_accum=True)
+            T.mbarrier_arrive(empty[slot])
             T.mbarrier_wait_parity(z_free[0], (cr & 1) ^ 1)
             T.copy(Zn_f, Zn_s)
             T.fence_proxy_async()
             T.sync_threads(BAR_AUX, 128)
             T.mbarrier_arrive(z_ready[0])
-            zn_product(1 - slot, cr + 1, n_chunks, bos, eos, K_n, Ag_n, F_n, Ag_f, Zn_f, full)
 
             T.mbarrier_wait_parity(s_ready[slot], ph)
             if has_skip == 0:  # the local and transition passes (has_skip) keep only dh0: no row stores
@@ -392,29 +394,12 @@ def _bwd_dh_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str,
                     dh0_out[n, h, i, v0 + j] = dS_f[i, j]
             else:
                 T.set_max_nreg(NREG_AUX, 1)
-                if n_chunks > 0:  # chunk 0 (the sequence's last, possibly partial: rows past its end = 0), its Zn
-                    t0 = bos + (n_chunks - 1) * C
-                    T.mbarrier_wait_parity(full[0], 0)
-                    if t0 + C > eos:
-                        for i, d in T.Parallel(C, K):
-                            if t0 + i >= eos:
-                                Q0[i, d] = T.cast(0, dtype)
-                                K0[i, d] = T.cast(0, dtype)
-                        for i, j in T.Parallel(C, BV):
-                            if t0 + i >= eos:
-                                O0[i, j] = T.cast(0, dtype)
-                        for i, j in T.Parallel(C, C):
-                            if t0 + i >= eos:
-                                P0[i, j] = T.cast(0, dtype)
-                        T.fence_proxy_async()
-                        T.sync_threads(BAR_AUX, 128)
-                    zn_product(0, 0, n_chunks, bos, eos, K0, A0, F0, Ag_f, Zn_f, full)
                 for p in T.serial(n_pairs):
                     aux_step(0, 2 * p, n_chunks, bos, eos, cbase, h, v0, scale, has_skip, dh_out, dvp_out,
-                             O0, P0, F0, E0, S0, Vp0, PT_s, Zn_s, PT_f, Zn_f, K1, A1, F1, Ag_f,
+                             Q0, K0, O0, P0, A0, F0, E0, S0, Vp0, PT_s, Zn_s, PT_f, Zn_f, Ag_f,
                              full, empty, aux_ready, s_ready, v_ready, h_free, pt_ready, pt_free, z_ready, z_free)
                     aux_step(1, 2 * p + 1, n_chunks, bos, eos, cbase, h, v0, scale, has_skip, dh_out, dvp_out,
-                             O1, P1, F1, E1, S1, Vp1, PT_s, Zn_s, PT_f, Zn_f, K0, A0, F0, Ag_f,
+                             Q1, K1, O1, P1, A1, F1, E1, S1, Vp1, PT_s, Zn_s, PT_f, Zn_f, Ag_f,
                              full, empty, aux_ready, s_ready, v_ready, h_free, pt_ready, pt_free, z_ready, z_free)
 
     configs = {} if auto_sync else {PassConfigKey.TL_DISABLE_THREAD_STORAGE_SYNC: True}
