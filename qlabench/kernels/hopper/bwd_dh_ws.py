@@ -271,6 +271,7 @@ def _bwd_dh_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str,
                 for i, j in T.Parallel(C, C):
                     if t0 + i >= eos:
                         Pg_s[i, j] = T.cast(0, dtype)
+                        Ag_s[i, j] = T.cast(0, dtype)
             # formed in PT_f (free until Pg^T dO below), then copied whole: one loop reading dO_s and writing E_s is
             # serialised by their possible aliasing (bwd_h_ws's Y, H200 session 32); a select too: no ordering on the
             # zeroing above needed
@@ -289,8 +290,9 @@ def _bwd_dh_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str,
 
             # Zn = -Ag diag(e) K (Ag diag(e) formed in registers: the wgmma's A operand; rows and columns past the
             # end a select)
+            T.copy(Ag_s, Ag_f)
             for i, j in T.Parallel(C, C):
-                Ag_f[i, j] = T.if_then_else((t0 + i < eos) & (t0 + j < eos), -Ag_s[i, j] * F_s[0, j], 0.0)
+                Ag_f[i, j] = -Ag_f[i, j] * F_s[0, j]
             T.gemm(Ag_f, K_s, Zn_f, clear_accum=True)
             T.mbarrier_arrive(empty[slot])
             T.mbarrier_wait_parity(z_free[0], (cr & 1) ^ 1)
