@@ -99,8 +99,10 @@ def _emu_masks(Q_c, K_c, A_c, b, Gam, scale, st):
     return st(scale * Gam * P), st(Gam * A_c * b[:, None, :])
 
 
-def _emu_dh(dS, Q_c, K_c, dO_c, Pg_s, Ag_s, e, r, egC, scale, st):
-    """bwd_dh, one chunk, given bwd_prepare's staged masks (``egC`` = exp(gam_C)).
+def _emu_dh(dS, Q_c, K_c, dO_c, Pg_s, Ag_s, e, r, egC, scale, st, zn=False):
+    """bwd_dh, one chunk, given bwd_prepare's staged masks (``egC`` = exp(gam_C)). ``zn``: sm90's bwd_dh_ws, whose
+    K^T dU is Zn^T dV' with Zn = -Ag diag(e) K (the product staged, its register operand -Ag diag(e) too);
+    otherwise the pipelined kernels' K^T dU with dU = -diag(e) Ag^T dV' staged.
 
     Returns (dh[c] staged, dV' (fp32), dv (fp32), dS for the chunk before).
     """
@@ -108,9 +110,13 @@ def _emu_dh(dS, Q_c, K_c, dO_c, Pg_s, Ag_s, e, r, egC, scale, st):
     dVp = r[..., None] * (K_c @ dS_s) + _t(Pg_s) @ dO_c
     dVp_s = st(dVp)
     dW = _t(Ag_s) @ dVp_s
-    dU_s = st(-e[..., None] * dW)
     eDO_s = st(scale * e[..., None] * dO_c)
-    dS_prev = egC[:, None, None] * dS + _t(K_c) @ dU_s + _t(Q_c) @ eDO_s
+    if zn:
+        Zn_s = st(st(-Ag_s * e[..., None, :]) @ K_c)
+        dS_prev = egC[:, None, None] * dS + _t(Zn_s) @ dVp_s + _t(Q_c) @ eDO_s
+    else:
+        dU_s = st(-e[..., None] * dW)
+        dS_prev = egC[:, None, None] * dS + _t(K_c) @ dU_s + _t(Q_c) @ eDO_s
     return dS_s, dVp, dW, dS_prev
 
 
@@ -356,7 +362,7 @@ def twin_bwd_dh(q, k, do, Pg, Ag, fac, cu_seqlens, chunk_offsets, seq_order, chu
     """sm90's reverse pass (hopper/bwd_dh_ws.py, the default; bwd_dh_pipelined.py also stores rows under has_skip):
     dh, dV', dh0; no dv (bwd_chunk forms it); under has_skip only dh0, as bwd_dh_ws."""
     twin_bwd_dh_pipelined(q, k, do, Pg, Ag, fac, cu_seqlens, chunk_offsets, seq_order, chunk_skip, dht, dh_out,
-                          dvp_out, None, dh0_out, scale, has_skip, rows_with_skip=False)
+                          dvp_out, None, dh0_out, scale, has_skip, rows_with_skip=False, zn=True)
 
 
 def _dh_rows(q, k, do, Pg, Ag, H):
@@ -364,21 +370,21 @@ def _dh_rows(q, k, do, Pg, Ag, H):
     return _expand_heads(q, H), _expand_heads(k, H), do.to(F64), Pg.to(F64), Ag.to(F64)
 
 
-def _dh_step(dS, rows, t0, end, row, fac, scale, st):
+def _dh_step(dS, rows, t0, end, row, fac, scale, st, zn=False):
     """One chunk of the reverse pass (`_emu_dh`) on token rows t0..end of ``rows`` = (Q, K, dO, Pg, Ag) float64 with
     chunk ``row``'s factors."""
     e, r, _, egC = _factors(fac, row)
     C = rows[3].shape[-1]
-    return _emu_dh(dS, *(_chunk_rows(x, t0, end, C) for x in rows), e, r, egC, scale, st)
+    return _emu_dh(dS, *(_chunk_rows(x, t0, end, C) for x in rows), e, r, egC, scale, st, zn)
 
 
 def twin_bwd_dh_pipelined(q, k, do, Pg, Ag, fac, cu_seqlens, chunk_offsets, seq_order, chunk_skip, dht, dh_out,
-                          dvp_out, dv_out, dh0_out, scale, has_skip, rows_with_skip=True):
+                          dvp_out, dv_out, dh0_out, scale, has_skip, rows_with_skip=True, zn=False):
     """The reverse pass (sm100's blackwell/bwd_dh_pipelined.py; ``dv_out`` None: sm90's, `twin_bwd_dh`); with
     has_skip a (sequence, head) runs only its first m - chunk_skip[n, h] chunks, from dht at the end of the last
     of them (common/bwd_h.reverse_run); the rows of the chunks it runs are stored as without (``rows_with_skip``:
     the pipelined kernels) or not (sm90's bwd_dh_ws, `twin_bwd_dh`), those of the chunks it skips left as they
-    were."""
+    were; ``zn``: bwd_dh_ws's rounding (`_emu_dh`)."""
     C, H = Pg.shape[-1], do.shape[1]
     st = _Stager(dh_out.dtype)
     rows = _dh_rows(q, k, do, Pg, Ag, H)
@@ -393,7 +399,7 @@ def twin_bwd_dh_pipelined(q, k, do, Pg, Ag, fac, cu_seqlens, chunk_offsets, seq_
                 continue
             t0 = starts[c]
             end = min(t0 + C, cu[n + 1])
-            dS_s, dVp, dW, dS_new = _dh_step(dS, rows, t0, end, off[n] + c, fac, scale, st)
+            dS_s, dVp, dW, dS_new = _dh_step(dS, rows, t0, end, off[n] + c, fac, scale, st, zn)
             dS = torch.where(run[:, None, None], dS_new, dS)
             if has_skip and not rows_with_skip:  # sm90's bwd_dh_ws: the local passes keep only dh0
                 continue

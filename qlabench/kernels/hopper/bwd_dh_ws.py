@@ -10,143 +10,132 @@ Same signature, grid and outputs as bwd_dh_pipelined.py, so the host can swap on
 has_skip); with has_skip a block runs only its sequence's first m - chunk_skip[n, h] chunks, from dht at
 the end of the last of them (common/bwd_h.reverse_run: backward_cp's truncated local pass), and stores
 no dh, dV' rows, only dh0 (the local and transition passes read nothing else; their row outputs are
-scratch that the final pass writes: the aux warpgroup still waits and arrives as below, it skips the stores);
+scratch that the final pass writes: the producer still waits and arrives as below, it skips the stores);
 grid (V / BV, N * H_v), one block per (sequence, v-head, V tile); BV = 32 or 64, C = 64, K = 128.
 
-Formula per chunk, last chunk first (as bwd_dh_pipelined.py; dS = gradient of the state at the chunk
-END, K x BV fp32, starting from dht; Pg, Ag bf16 from bwd_prepare; fac rows e = exp(gam),
-r = exp(gam_C - gam), beta; e[C - 1] = exp(gam_C)):
+Formula per chunk, last chunk first (dS = gradient of the state at the chunk END, K x BV fp32, starting from
+dht; Pg, Ag bf16 from bwd_prepare; fac rows e = exp(gam), r = exp(gam_C - gam), beta; e[C - 1] = exp(gam_C)):
 
     dh[c] = dS
     dV'   = diag(r) K dS + Pg^T dO           (stored for bwd_chunk; rows >= eos are 0 in smem, not stored)
-    dU    = -diag(e) Ag^T dV'                (dv = Ag^T dV' itself is formed and stored by bwd_chunk)
-    dS    = exp(gam_C) dS + K^T dU + Q^T (scale diag(e) dO)
+    Zn    = -Ag diag(e) K                    (C x K, no state in it: formed off the chain)
+    dS    = exp(gam_C) dS + Zn^T dV' + Q^T (scale diag(e) dO)
     after the first chunk: dh0 = dS (always written)
 
-The rounding points are those of bwd_dh_pipelined / emulate_bwd._emu_dh: dS -> bf16 (dh and the
-K dS operand), dV' = r * (K dS) + Pg^T dO in fp32 then bf16, dU bf16 from the fp32 Ag^T dV',
-eDO bf16; only the fp32 summation order of dV' differs (Pg^T dO is a separate fp32 product added
-elementwise instead of accumulated into the K dS accumulator).
+Zn^T dV' is bwd_dh_pipelined's K^T dU with dU = -diag(e) Ag^T dV' regrouped (K^T (-diag(e) Ag^T dV') =
+(-Ag diag(e) K)^T dV'): the chain keeps two GEMMs (K dS, Zn^T dV'), the shape of bwd_h_ws's, in place of
+three. Rounding (emulate_bwd._emu_dh with zn=True, sm90's twin): dS -> bf16 (dh and the K dS operand), dV' =
+r * (K dS) + Pg^T dO in fp32 then bf16, -Ag diag(e) in bf16 (the Zn product's register A operand), Zn bf16,
+eDO bf16. Against bwd_dh_pipelined (dU bf16) dh, dV' of the first chunk are equal; the later chunks and dh0
+differ by the rounding of Zn in place of dU (~1e-3 relative).
 
 Partial chunk (the sequence's last chunk, processed first, cr == 0): the TMA loads the whole
 [t0, t0 + C) (the next sequence or the padding tail past eos; rows past n_tok are zero-filled by the
-TMA); the aux WG zeroes the rows past eos of Q, K, dO, Pg, Ag in the ring slot (plain stores after
-waiting full[slot]; fenced) before any product reads them, and dV', eDO are selects on t0 + i < eos,
-so non-finite data past the end cannot leak in (no multiply by zero). Only rows < eos of dV'
-are stored. Sequences with no tokens run no chunk and write dh0 = dht.
+TMA); the aux WG zeroes the rows past eos of Q, K, dO, Pg, Ag in the ring slot (plain stores, then its
+named barrier) before it or the state WG reads them, and dV' is a select on t0 + i < eos, so non-finite
+data past the end cannot leak in (no multiply by zero: the zeroed rows are exact zeros, and in the rows
+< eos Ag's columns past the end are exact zeros too, bwd_prepare's causal select, times finite e).
+Only rows < eos of dV' are stored. Sequences with no tokens run no chunk and write dh0 = dht.
 
 Warp-group roles (384 threads = 3 warpgroups, split by thread index, one if/elif/else, no block-wide
 barrier after the prologue), the chunk loop in pairs (cr = 2 p + slot, slot = 0, 1 unrolled by
 macros) so every ring / hand-off buffer is indexed by a Python constant; c = n_chunks - 1 - cr:
   * WG0 producer (tx 0..127, set_max_nreg 40 dec): for chunk cr into ring slot cr % 2: wait
     empty[slot]; T.tma_copy of K, Ag, fac row (3 x C fp32), Pg, dO tile, Q on full[slot] (one elected
-    thread: expect_tx + loads); all 128 arrive on full[slot]. Runs up to two chunks ahead.
+    thread: expect_tx + loads); all 128 arrive on full[slot]. Then the row stores of chunk cr - 1 by TMA
+    (one elected thread): dh from dS_s after s_ready, dV' from dVp_s after v_ready (the partial chunk's
+    rows < eos by plain stores), wait for the TMA's reads (cp.async.bulk.wait_group.read 0), arrive
+    h_free. Runs up to two chunks ahead with its loads.
   * WG1 state (tx 128..255, set_max_nreg 232 inc): owns dS (K x BV fp32 registers). The serial chain:
-    dS -> dS_s[b] -> K dS -> dV' -> Ag^T dV' -> dU -> K^T dU (+ Q^T eDO) -> dS.
-  * WG2 aux (tx 256..383, set_max_nreg 232 inc): everything off the chain: partial-chunk zeroing,
-    eDO = scale diag(e) dO (bf16, E_s[b]), PgTdO = Pg^T dO (wgmma, fp32 registers, handed over in a
-    padded fp32 tile PT_s), the dh store (from dS_s[b], which the state WG writes anyway as its K dS
-    operand), the dV' row stores (from dVp_s[b]). Runs at most one chunk ahead of the
-    state WG (PT_s is single-buffered), and its stores of chunk cr trail the state WG.
-  (Departures from the first design: rK = diag(r) K in smem was dropped: a double-buffered 16 KB
-  rK tile does not fit next to everything else at BV = 64 (+32 KB: 251.5 KB), and the r scaling on
-  the K dS accumulator is 16 / 32 FMULs per thread, keeping the pipelined kernel's rounding. Q^T eDO
-  stays on the state WG: handing a K x BV fp32 product over needs another 32 KB at BV = 64. Pg^T dO
-  moved to the aux WG and is handed over in fp32 (not accumulated as a second wgmma into the K dS
-  accumulator, which would have to wait for the r scaling, i.e. stay on the chain).)
+    dS -> dS_s[b] -> K dS -> dV' -> Zn^T dV' (+ Q^T eDO) -> dS.
+  * WG2 aux (tx 256..383, set_max_nreg 232 inc): everything else: partial-chunk zeroing,
+    eDO = scale diag(e) dO (dO read by ldmatrix, bf16, E_s[b]), PgTdO = Pg^T dO (wgmma, fp32 registers,
+    handed over in a padded fp32 tile PT_s), Zn (Ag read by ldmatrix into the wgmma's A fragment, scaled
+    there by -e per column; fp32 accumulator, bf16 into Zn_s). Runs at most one chunk ahead of the state
+    WG (PT_s and Zn_s are single-buffered).
+  (History: until session 33 the chain was K dS -> Ag^T dV' -> dU -> K^T dU, and the aux WG stored dh, dV'
+  rows element-wise; session 33's v1-v3 (results/h200/2026-12-04_s33) measured the V-free forms slower
+  alone, with the aux WG pacing the step (Age formed by an element loop: 1092 / 3290 cycles per chunk at
+  BV 64 / 32, the eDO loop 928, the row stores 1050); this version moves both loops to ldmatrix and the
+  stores to the producer's TMA. Q^T eDO stays on the state WG: handing a K x BV fp32 product over needs
+  another 32 KB at BV = 64. rK = diag(r) K in smem does not fit.)
 
 Per-chunk stage order (b = slot = cr % 2, ph = (cr // 2) & 1; every per-slot mbarrier completes once
 per use of its slot, so the phase to wait for is ph, and ph ^ 1 for "freed by the use two chunks
-ago", which a fresh barrier passes at once; pt_ready / pt_free are single barriers completing once
-per chunk: parity cr & 1, and (cr & 1) ^ 1 for "freed by chunk cr - 1"):
-  producer:  wait empty[b] (ph ^ 1) -> TMA K, Ag, fac, Pg, dO, Q (+ tx bytes on full[b]) -> arrive full[b]
-  state:     wait full[b] (ph); wait h_free[b] (ph ^ 1: aux done with dS_s[b], dVp_s[b] of cr - 2)
+ago", which a fresh barrier passes at once; pt_*, z_* are single barriers completing once per chunk:
+parity cr & 1, and (cr & 1) ^ 1 for "freed by chunk cr - 1"):
+  producer:  wait empty[b] (ph ^ 1) -> TMA K, Ag, fac, Pg, dO, Q (+ tx bytes on full[b]) -> arrive full[b];
+             then for chunk cr - 1 (slot b' = 1 - b, its ph'): wait s_ready[b'] (ph'); TMA dh <- dS_s[b'];
+             wait v_ready[b'] (ph'); TMA dV' <- dVp_s[b'] (partial: plain rows < eos); wait_group.read 0;
+             arrive h_free[b']   (the loop runs n_chunks // 2 + 1 pairs so the last chunk's stores follow)
+  state:     wait full[b] (ph); wait h_free[b] (ph ^ 1: the producer done with dS_s[b], dVp_s[b] of cr - 2)
              dS_s[b] = bf16(dS); fence.proxy.async; bar.sync(1, 128); arrive s_ready[b]
-             wait aux_ready[b] (ph: zeroed rows, E_s[b]); dVp = K dS_s[b] (wgmma)
-             wait pt_ready (cr & 1); dVp_s[b] = rows(bf16(r dVp + PT_s)); arrive pt_free;
-             fence; bar.sync(1, 128)
-             dW = Ag^T dVp_s[b] (wgmma); dU_s = bf16(-e dW); fence; bar.sync(1, 128);
-             arrive v_ready[b]
-             dS = e[C-1] dS; dS += K^T dU_s (wgmma); dS += Q^T E_s[b] (wgmma); arrive empty[b]
-  aux:       wait full[b] (ph); cr == 0 partial: zero rows >= eos of Q, K, dO, Pg, Ag in slot b;
-             PT_f = rows(scale e dO); E_s[b] = bf16(PT_f); fence; bar.sync(2, 128); arrive aux_ready[b]
-             PT = Pg^T dO (wgmma); arrive empty[b]
-             wait pt_free ((cr & 1) ^ 1); PT_s = PT; arrive pt_ready
-             wait s_ready[b] (ph); dh[c] rows <- dS_s[b]
-             wait v_ready[b] (ph); dV' rows < eos <- dVp_s[b]; arrive h_free[b]
+             dVp = K dS_s[b] (wgmma, async); dS = e[C-1] dS; wait aux_ready[b] (ph: zeroed rows, E_s[b]);
+             dS += Q^T E_s[b] (wgmma, async); wait for K dS
+             wait pt_ready (cr & 1); dVp_s[b] = bf16(select(r dVp + PT_s)); arrive pt_free;
+             fence; bar.sync(1, 128); arrive v_ready[b]
+             wait z_ready (cr & 1); dS += Zn_s^T dVp_s[b] (wgmma); arrive z_free; arrive empty[b]
+  aux:       wait full[b] (ph); cr == 0 partial: zero rows >= eos of Q, K, dO, Pg, Ag in slot b, bar.sync(2);
+             dO_f = ldmatrix(dO); PT_f = scale e dO_f; E_s[b] = bf16(PT_f); fence; bar.sync(2, 128);
+             arrive aux_ready[b]
+             PT = Pg^T dO (wgmma); wait pt_free ((cr & 1) ^ 1); PT_s = PT; arrive pt_ready
+             Ag_f = ldmatrix(Ag); Ag_f = -Ag_f e (per column); Zn = Ag_f K (wgmma, A from registers);
+             arrive empty[b]; wait z_free ((cr & 1) ^ 1); Zn_s = bf16(Zn); fence; bar.sync(2, 128);
+             arrive z_ready
 Barriers (mbarrier arrive counts): full[2] = 128 (producer threads; TMA bytes via expect_tx),
 empty[2] = 256 (state + aux threads), aux_ready[2] = 128 (aux), s_ready[2] = v_ready[2] = 128
-(state), h_free[2] = 128 (aux), pt_ready[1] = 128 (aux), pt_free[1] = 128 (state). Named barriers:
-1 (bar.sync 1, 128), the state WG's own smem writes before its wgmma reads (3 per chunk); 2 (bar.sync
-2, 128), the aux WG's zeroed ring rows before its own Pg^T dO (1 per chunk). Thread-written smem
-read by wgmma (dS_s, dVp_s, dU_s by the state WG; E_s and the zeroed ring rows by the aux WG) is
-fenced (fence.proxy.async) by the writing threads before the barrier that publishes it; PT_s, dS_s,
-dVp_s read by plain loads need only the mbarrier's release / acquire.
+(state), h_free[2] = 128 (producer), pt_ready[1] = z_ready[1] = 128 (aux), pt_free[1] = z_free[1] = 128
+(state). Named barriers: 1 (bar.sync 1, 128), the state WG's own smem writes before its wgmma or the
+TMA reads them (2 per chunk); 2 (bar.sync 2, 128), the aux WG's (2 per chunk, plus 1 after the partial
+chunk's zeroing). Thread-written smem read by wgmma or TMA (dS_s, dVp_s by the state WG; E_s, Zn_s and
+the zeroed ring rows by the aux WG) is fenced (fence.proxy.async) by the writing threads before the
+barrier that publishes it; PT_s read by plain loads needs only the mbarrier's release / acquire.
 
 Deadlock freedom (every wait has its arrive count in the phase it waits for, and no arrive depends
-on a later wait of the waiter): producer(cr) needs empty(cr - 2): state and aux arrive it at the end
-of / mid cr - 2 without waiting on the producer beyond full(cr - 2). state(cr) needs full(cr)
-(producer), h_free(cr - 2) (aux finished cr - 2, which needed s_ready / v_ready of cr - 2, already
-arrived), aux_ready(cr) (aux(cr) needs only full(cr) and, before that, its own chunk cr - 1, which
-needs s_ready / v_ready(cr - 1), pt_free(cr - 2): all arrived by state before it reached cr),
-pt_ready(cr) (aux(cr) after pt_free(cr - 1), arrived by state in cr - 1). aux(cr) needs full(cr),
-pt_free(cr - 1), s_ready(cr), v_ready(cr): state reaches those arrives after waiting only on
-aux_ready(cr) / pt_ready(cr), which aux arrives before its s_ready wait. No barrier can run two
-phases ahead of a waiter (parity waits are unambiguous): the next completion of every barrier needs
-an arrive that follows, in program order, the waiter's own wait on it or on a barrier that
-completes after it (full(cr + 2) needs empty(cr), which state / aux arrive after waiting full(cr);
-aux_ready(cr + 2) needs full(cr + 2); s_ready / v_ready(cr + 2) need h_free(cr), arrived after the
-aux waited v_ready(cr); h_free(cr) needs v_ready(cr), arrived after the state waited h_free(cr - 2);
-pt_ready(cr + 1) needs pt_free(cr), arrived after the state waited pt_ready(cr); pt_free(cr) needs
-pt_ready(cr), arrived after the aux waited pt_free(cr - 1)).
+on a later wait of the waiter): producer(cr) (loads) needs empty(cr - 2): state and aux arrive it at the
+end of / mid cr - 2 without waiting on the producer beyond full(cr - 2) and h_free(cr - 4); producer
+stores(cr - 1) need s_ready / v_ready(cr - 1): the state arrives them after full(cr - 1) and h_free(cr - 3)
+(both arrived by the producer earlier in its program order) and aux_ready / pt_ready(cr - 1) (aux).
+state(cr) needs full(cr), h_free(cr - 2) (producer stores(cr - 2), before its loads of cr + 1),
+aux_ready(cr), pt_ready(cr), z_ready(cr): aux(cr) needs full(cr), pt_free(cr - 1) and z_free(cr - 1),
+which the state arrived in cr - 1. aux(cr) needs nothing of the state's chunk cr. No barrier can run
+two phases ahead of a waiter (parity waits are unambiguous): full(cr + 2) needs empty(cr); aux_ready
+(cr + 2) needs full(cr + 2); s_ready / v_ready(cr + 2) need h_free(cr), arrived after the producer
+waited v_ready(cr); h_free(cr + 2) needs v_ready(cr + 2), arrived after the state waited h_free(cr);
+pt_ready(cr + 1) needs pt_free(cr), arrived after the state waited pt_ready(cr); pt_free(cr + 1)
+needs pt_ready(cr + 1), arrived after the aux waited pt_free(cr); z_ready / z_free likewise.
 
-Write-after-read hazards without a dedicated barrier: dU_s (single) is rewritten in chunk cr only
-after two bar.sync(1) of chunk cr, which every state warp reaches after its wgmma wait of K^T dU of
-cr - 1; E_s[b] (aux writes at cr + 2, state wgmma reads at cr) and the ring slot (TMA at cr + 2) are
-ordered by empty(cr) -> producer -> full(cr + 2) (arrive release / wait acquire, transitive; the same
-argument chunk_fwd_ws relies on for its ring); the aux's zeroing stores happen only at cr == 0 on a
-slot with no earlier reader. TileLang's automatic shared-memory syncs are off
-(TL_DISABLE_THREAD_STORAGE_SYNC): the generated source has exactly one __syncthreads (after the
-mbarrier init) and the 8 named barriers above (6 of id 1, 2 of id 2, over the unrolled pair).
-QLABENCH_WS_AUTO_SYNC=1 compiles with the automatic syncs back on: the A/B to run first if results
-differ from bwd_dh_pipelined or a run hangs.
+Write-after-read hazards without a dedicated barrier: E_s[b] (aux writes at cr + 2, state wgmma reads at
+cr) and the ring slot (TMA at cr + 2) are ordered by empty(cr) -> producer -> full(cr + 2) (arrive release
+/ wait acquire, transitive); Zn_s by z_free, PT_s by pt_free; dS_s[b], dVp_s[b] by h_free (the TMA's
+reads complete before it); the aux's zeroing stores happen only at cr == 0 on a slot with no earlier
+reader. TileLang's automatic shared-memory syncs are off (TL_DISABLE_THREAD_STORAGE_SYNC): the generated
+source has exactly one __syncthreads (after the mbarrier init) and the named barriers above.
+QLABENCH_WS_AUTO_SYNC=1 compiles with the automatic syncs back on: the A/B to run first if results differ
+from bwd_dh_pipelined or a run hangs.
 
-GEMMs per chunk (wgmma, smem operands, fp32 accumulate): state WG K dS 64xBVx128, Ag^T dV' 64xBVx64,
-K^T dU 128xBVx64, Q^T eDO 128xBVx64 (all on the chain, as in bwd_dh_pipelined but issued by one
-warpgroup, N = BV); aux WG Pg^T dO 64xBVx64 (off the chain). Measured and not kept (session 16,
-results/h200/2026-12-02_s16/dh-ab.txt): dS decayed right after its bf16 copy and Q^T eDO issued with K dS, left
-in flight under the dV' step: 1117 -> 1095 us at hk16_hv64 1x32768, 475 -> 474 at hk16_hv16 (CP), 266 -> 265 at
-hk2_hv8 (CP): under the 2% the A/B asked for. A GEMM less on the chain moved it by 2%: its time is
-elsewhere (per block and chunk at BV 64 it moved ~57 KB in and ~32 KB of dh, dV', dv out; dv has since moved
-to bwd_chunk).
+GEMMs per chunk (wgmma, fp32 accumulate): state WG K dS 64xBVx128, Zn^T dV' 128xBVx64 (on the chain),
+Q^T eDO 128xBVx64 (issued under K dS); aux WG Pg^T dO 64xBVx64, Zn = (-Ag diag(e)) K 64x128x64 (A from
+registers).
 
 Shared memory, from the allocations (bf16 = 2 bytes; C = 64, K = 128):
     ring (2 slots): Q, K 2 x 2 x 16 KB, dO 2 x C BV 2, Pg, Ag 2 x 2 x 8 KB, fac 2 x 768 B
-    state -> aux: dS_s 2 x K BV 2, dVp_s 2 x C BV 2;  aux -> state: E_s 2 x C BV 2,
+    state -> producer: dS_s 2 x K BV 2, dVp_s 2 x C BV 2;  aux -> state: E_s 2 x C BV 2,
     PT_s C (BV + 8) 4 (fp32, rows padded by 8 floats: the accumulator layout's 8 rows x 4 column
-    pairs of one access fall in distinct banks);  state scratch: dU_s C BV 2
-  BV = 64: 64 + 16 + 32 + 1.5 + 32 + 16 + 16 + 18 + 8 = 203.5 KB = 208,384 B
-  BV = 32: 64 +  8 + 32 + 1.5 + 16 +  8 +  8 + 10 + 4 = 151.5 KB = 155,136 B
-  (``shared_memory_bytes``; the compile test checks it against the launch's dynamic shared memory
-  in the generated host code; as compiled every buffer has its own offset, nothing overlapped; plus
-  2 KB static (cuobjdump SHARED:2048, the mbarriers): 210,432 B at BV = 64, under the 232,448 B
-  (227 KB) one block may opt into on the H200; one block per SM.)
-Registers: dS is K x BV fp32 = 64 (BV = 64) / 32 (BV = 32) per state thread, plus dVp, dW
-(32 / 16 each; dW = Ag^T dV' only feeds dU); the aux WG's PT 32 / 16. The 384-thread launch (__launch_bounds__(384, 1)) gets 168
-per thread; set_max_nreg quotas 40 (producer, dec) + 232 (state, inc) + 232 (aux, inc) = 504
-<= 3 x 168 = 504: the two increases (2 x 64 x 128) are exactly the producer's release (128 x 128).
+    pairs of one access fall in distinct banks), Zn_s C K 2 (16 KB)
+  BV = 64: 64 + 16 + 32 + 1.5 + 32 + 16 + 16 + 18 + 16 = 211.5 KB = 216,576 B
+  BV = 32: 64 +  8 + 32 + 1.5 + 16 +  8 +  8 + 10 + 16 = 163.5 KB = 167,424 B
+  (``shared_memory_bytes``; the compile test checks it against the launch's dynamic shared memory;
+  plus the static mbarriers: under the 232,448 B (227 KB) one block may opt into on the H200; one block
+  per SM. A second Zn buffer (+16 KB) would not fit at BV = 64.)
+Registers: dS is K x BV fp32 = 64 (BV = 64) / 32 (BV = 32) per state thread, plus dVp (32 / 16); the
+aux WG's PT (32 / 16), Zn (64), Ag_f (16), dO_f (16 / 8). The 384-thread launch (__launch_bounds__(384, 1))
+gets 168 per thread; set_max_nreg quotas 40 (producer, dec) + 232 (state, inc) + 232 (aux, inc) = 504 <=
+3 x 168 = 504. ptxas allocates the producer's code (TMA issue, the partial chunk's dV' rows) within its 40
+(cuobjdump -sass: R0..R33 after USETMAXREG.DEALLOC 0x28, session 34).
 
-Verified on the CPU only (sm_90a, TileLang 0.1.15, nvcc 13.0): compiles at (H_qk, H_v) = (16, 16),
-(2, 4), (4, 8) x BV = 32, 64 (bf16); ptxas -v / cuobjdump -res-usage: 168 registers, 0 bytes
-spill stores / loads, LOCAL:0, 3 named barriers (0, 1, 2); the generated CUDA has the barrier
-counts, parities, fences, setmaxnreg and the single __syncthreads listed above.
-
-The state warpgroup's tiles (dV', dU; until session 26 also dv) are formed in place on its dead accumulators and
-copied to shared memory whole (stmatrix; session 13's dv tile, read row-wise by the aux role, was swizzled):
-bwd_dh_ws in the API's backward 568 -> 477 us at hk16_hv16 1x32768, 1425 -> 1114 at hk16_hv64. (The same
-change to bwd_h_ws's Y tile measured slower then, 264 -> 289 and 998 -> 1098 us; with V read into registers
-under the K S wgmma it is bwd_h_ws's Y since session 32.) The aux warpgroup's eDO is formed in PT_f and copied
-whole (session 32): one loop reading dO_s and writing E_s does not batch its loads (docs/development.md).
+Verified on the CPU only (sm_90a, TileLang 0.1.15, nvcc 13.0, session 34): compiles with 0 bytes spill at
+(H_qk, H_v, BV) = (16, 64, 64), (16, 32, 64), (16, 16, 32), (2, 4, 32 / 64). Not yet run on a GPU.
 """
 
 import functools
@@ -216,6 +205,27 @@ def _bwd_dh_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str,
             T.mbarrier_arrive(full[slot])
 
     @T.macro
+    def store_rows(slot: int, cr, n_chunks, bos, eos, cbase, h, v0, has_skip, dh_out, dvp_out, dS_s, dVp_s,
+                   s_ready, v_ready, h_free):
+        if (cr >= 0) & (cr < n_chunks):
+            ph = (cr // 2) & 1
+            c = n_chunks - 1 - cr
+            t0 = bos + c * C
+            T.mbarrier_wait_parity(s_ready[slot], ph)
+            if has_skip == 0:  # the local and transition passes (has_skip) keep only dh0: no row stores
+                T.tma_copy(dS_s, dh_out[cbase + c, h, 0:K, v0:v0 + BV])
+            T.mbarrier_wait_parity(v_ready[slot], ph)
+            if has_skip == 0:
+                if t0 + C <= eos:
+                    T.tma_copy(dVp_s, dvp_out[t0:t0 + C, h, v0:v0 + BV])
+                else:  # the partial chunk: rows < eos only (the next sequence's rows follow)
+                    for i, j in T.Parallel(C, BV):
+                        if t0 + i < eos:
+                            dvp_out[t0 + i, h, v0 + j] = dVp_s[i, j]
+                T.tma_store_wait(0)
+            T.mbarrier_arrive(h_free[slot])
+
+    @T.macro
     def state_step(slot: int, cr, n_chunks, bos, eos, Q_s, K_s, F_s, E_s, dS_s, dVp_s, PT_s, Zn_s, dS_f, dVp_f,
                    full, empty, aux_ready, s_ready, v_ready, h_free, pt_ready, pt_free, z_ready, z_free):
         if cr < n_chunks:
@@ -252,9 +262,8 @@ def _bwd_dh_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str,
             T.mbarrier_arrive(empty[slot])
 
     @T.macro
-    def aux_step(slot: int, cr, n_chunks, bos, eos, cbase, h, v0, scale, has_skip, dh_out, dvp_out,
-                 Q_s, K_s, dO_s, Pg_s, Ag_s, F_s, E_s, dS_s, dVp_s, PT_s, Zn_s, PT_f, Zn_f, Ag_f,
-                 full, empty, aux_ready, s_ready, v_ready, h_free, pt_ready, pt_free, z_ready, z_free):
+    def aux_step(slot: int, cr, n_chunks, bos, eos, scale, Q_s, K_s, dO_s, Pg_s, Ag_s, F_s, E_s, PT_s, Zn_s,
+                 PT_f, Zn_f, Ag_f, dO_f, full, empty, aux_ready, pt_ready, pt_free, z_ready, z_free):
         if cr < n_chunks:
             ph = (cr // 2) & 1
             c = n_chunks - 1 - cr
@@ -272,11 +281,11 @@ def _bwd_dh_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str,
                     if t0 + i >= eos:
                         Pg_s[i, j] = T.cast(0, dtype)
                         Ag_s[i, j] = T.cast(0, dtype)
-            # formed in PT_f (free until Pg^T dO below), then copied whole: one loop reading dO_s and writing E_s is
-            # serialised by their possible aliasing (bwd_h_ws's Y, H200 session 32); a select too: no ordering on the
-            # zeroing above needed
+                T.sync_threads(BAR_AUX, 128)  # the zeroed rows before the ldmatrix reads below
+            # dO read whole (ldmatrix), scaled by rows in PT_f's layout (free until Pg^T dO below), copied whole
+            T.copy(dO_s, dO_f)
             for i, j in T.Parallel(C, BV):
-                PT_f[i, j] = T.if_then_else(t0 + i < eos, scale * F_s[0, i] * dO_s[i, j], 0.0)
+                PT_f[i, j] = dO_f[i, j] * (scale * F_s[0, i])
             T.copy(PT_f, E_s)
             T.fence_proxy_async()
             T.sync_threads(BAR_AUX, 128)
@@ -300,17 +309,6 @@ def _bwd_dh_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str,
             T.fence_proxy_async()
             T.sync_threads(BAR_AUX, 128)
             T.mbarrier_arrive(z_ready[0])
-
-            T.mbarrier_wait_parity(s_ready[slot], ph)
-            if has_skip == 0:  # the local and transition passes (has_skip) keep only dh0: no row stores
-                for i, j in T.Parallel(K, BV):
-                    dh_out[cbase + c, h, i, v0 + j] = dS_s[i, j]
-            T.mbarrier_wait_parity(v_ready[slot], ph)
-            if has_skip == 0:
-                for i, j in T.Parallel(C, BV):
-                    if t0 + i < eos:
-                        dvp_out[t0 + i, h, v0 + j] = dVp_s[i, j]
-            T.mbarrier_arrive(h_free[slot])
 
     def bwd_dh_ws(
         q: T.Tensor((n_tok, h_qk, K), dtype),
@@ -369,6 +367,7 @@ def _bwd_dh_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str,
             PT_f = T.alloc_fragment((C, BV), "float32")
             Zn_f = T.alloc_fragment((C, K), "float32")
             Ag_f = T.alloc_fragment((C, C), dtype)
+            dO_f = T.alloc_fragment((C, BV), dtype)
 
             T.annotate_layout(swizzled(A0, A1))  # read in the wgmma A-operand register layout (conflict-free)
             tx = T.get_thread_binding()
@@ -378,11 +377,15 @@ def _bwd_dh_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str,
 
             if tx < 128:
                 T.set_max_nreg(NREG_PRODUCER, 0)
-                for p in T.serial(n_pairs):
+                for p in T.serial(n_chunks // 2 + 1):  # loads of chunk cr, then the row stores of cr - 1
                     produce(0, 2 * p, n_chunks, bos, cbase, h, hk, v0, q, k, do, Pg, Ag, fac,
                             Q0, K0, O0, P0, A0, F0, full, empty)
+                    store_rows(1, 2 * p - 1, n_chunks, bos, eos, cbase, h, v0, has_skip, dh_out, dvp_out, S1, Vp1,
+                               s_ready, v_ready, h_free)
                     produce(1, 2 * p + 1, n_chunks, bos, cbase, h, hk, v0, q, k, do, Pg, Ag, fac,
                             Q1, K1, O1, P1, A1, F1, full, empty)
+                    store_rows(0, 2 * p, n_chunks, bos, eos, cbase, h, v0, has_skip, dh_out, dvp_out, S0, Vp0,
+                               s_ready, v_ready, h_free)
             elif tx < 256:
                 T.set_max_nreg(NREG_STATE, 1)
                 for i, j in T.Parallel(K, BV):
@@ -397,12 +400,10 @@ def _bwd_dh_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str,
             else:
                 T.set_max_nreg(NREG_AUX, 1)
                 for p in T.serial(n_pairs):
-                    aux_step(0, 2 * p, n_chunks, bos, eos, cbase, h, v0, scale, has_skip, dh_out, dvp_out,
-                             Q0, K0, O0, P0, A0, F0, E0, S0, Vp0, PT_s, Zn_s, PT_f, Zn_f, Ag_f,
-                             full, empty, aux_ready, s_ready, v_ready, h_free, pt_ready, pt_free, z_ready, z_free)
-                    aux_step(1, 2 * p + 1, n_chunks, bos, eos, cbase, h, v0, scale, has_skip, dh_out, dvp_out,
-                             Q1, K1, O1, P1, A1, F1, E1, S1, Vp1, PT_s, Zn_s, PT_f, Zn_f, Ag_f,
-                             full, empty, aux_ready, s_ready, v_ready, h_free, pt_ready, pt_free, z_ready, z_free)
+                    aux_step(0, 2 * p, n_chunks, bos, eos, scale, Q0, K0, O0, P0, A0, F0, E0,
+                             PT_s, Zn_s, PT_f, Zn_f, Ag_f, dO_f, full, empty, aux_ready, pt_ready, pt_free, z_ready, z_free)
+                    aux_step(1, 2 * p + 1, n_chunks, bos, eos, scale, Q1, K1, O1, P1, A1, F1, E1,
+                             PT_s, Zn_s, PT_f, Zn_f, Ag_f, dO_f, full, empty, aux_ready, pt_ready, pt_free, z_ready, z_free)
 
     configs = {} if auto_sync else {PassConfigKey.TL_DISABLE_THREAD_STORAGE_SYNC: True}
     return compile_for(T.prim_func(bwd_dh_ws), arch, configs)
