@@ -297,8 +297,8 @@ def _bwd_dh_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str,
                 PT_s[i, j] = PT_f[i, j]
             T.mbarrier_arrive(pt_ready[0])
 
-            # Zn = -Ag diag(e) K (Ag diag(e) formed in registers: the wgmma's A operand; rows and columns past the
-            # end a select)
+            # Zn = -Ag diag(e) K, -Ag diag(e) read by ldmatrix into the wgmma's A fragment and scaled there (no select:
+            # the rows past the end are zeroed above, and Ag's columns past the end are exact zeros in the rows before)
             T.copy(Ag_s, Ag_f)
             for i, j in T.Parallel(C, C):
                 Ag_f[i, j] = -Ag_f[i, j] * F_s[0, j]
