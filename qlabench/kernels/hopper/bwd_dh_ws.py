@@ -134,8 +134,10 @@ gets 168 per thread; set_max_nreg quotas 40 (producer, dec) + 232 (state, inc) +
 3 x 168 = 504. ptxas allocates the producer's code (TMA issue, the partial chunk's dV' rows) within its 40
 (cuobjdump -sass: R0..R33 after USETMAXREG.DEALLOC 0x28, session 34).
 
-Verified on the CPU only (sm_90a, TileLang 0.1.15, nvcc 13.0, session 34): compiles with 0 bytes spill at
-(H_qk, H_v, BV) = (16, 64, 64), (16, 32, 64), (16, 16, 32), (2, 4, 32 / 64). Not yet run on a GPU.
+Compiles with 0 bytes spill at (H_qk, H_v, BV) = (16, 64, 64), (16, 32, 64), (16, 16, 32), (2, 4, 32 / 64)
+(sm_90a, TileLang 0.1.15, nvcc 13.0, session 34). H200, session 36 (results/h200/2026-12-05_s36): alone at T = 32768
+(has_skip 0) 917 / 823 / 668 us against the previous chain's (f257d4d) 964 / 953 / 674 at (16, 64, 64) / (16, 32, 64) /
+(16, 16, 32); h200-bwd phase bwd 0.991x (geomean over 40 rows, same call); the whole GPU suite passes at 3db3889.
 """
 
 import functools
