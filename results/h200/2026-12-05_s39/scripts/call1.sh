@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 39, call 1: compile (qlabench aot of the h200-bwd presets in the checkout = svov's tree, and bwd_chunk of
 # the cur and gtail trees), then h200-bwd phase bwd, qla, for cur, gtail, svov; compare each to cur.
-# device run: carry [".device/gpu-env.sh", ".device/gpu-site-py312.tar.xz", ".device/tlcache", ".device/s39"],
+# device run: carry [".device/gpu-env.sh", ".device/gpu-site-py312.tar.xz", ".device/tlcache.tar.xz", ".device/s39"],
 # command "bash .device/gpu-env.sh bash .device/s39/call1.sh", timeout_s 600
 set -u
 . .device/s39/common.sh
