@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prepared in session 40 for the next GPU session: wip/s40-rows (8a5e8d4; cp_correct writes the CP chain into
+# Prepared in session 40 for the next GPU session: wip/s40-rows (2ddeb49; cp_correct writes the CP chain into
 # per-piece rows, so neither the CP forward nor the CP backward gathers the piece states / end gradients) against main.
 # First the GPU test files of the changed paths, in the rows tree, in parallel; then phase bwd and fwdbwd, qla, on the
 # CP rows of h200-bwd for cur and rows.
