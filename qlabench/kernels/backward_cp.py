@@ -110,7 +110,6 @@ from .forward_cp import (
     check_cp_arguments,
     first_crossing,
     piece_initial_states,
-    slots_ahead_of,
 )
 from .streams import Beside
 
@@ -339,8 +338,9 @@ def _reverse_passes(p, q2, k2, do2, Pg, Ag, fac, g2, bounds, plan, decay_thresho
         # sm90's bwd_dh_ws leaves them (has_skip); the final pass (e) writes them
         scratch = dh_pass_rows(bwd, dh, dvp[:tok_hi], dv[:tok_hi])
         rng = (plan.bwd_pass_cu, plan.bwd_pass_chunk_offsets, plan.bwd_pass_order)
-        zero = torch.zeros(1, H, K, V, dtype=f32, device=dev)
-        dht_loc = torch.cat([user_dht, zero], 0)[plan.bwd_dht_src].contiguous()
+        # zero, but the sequence's dht for a sequence's last piece (a fill and a row copy, no gathered concatenation)
+        dht_loc = torch.zeros(P2, H, K, V, dtype=f32, device=dev)
+        dht_loc.index_copy_(0, plan.bwd_last_rows, user_dht.index_select(0, plan.bwd_last_seqs))
         dS_loc = torch.empty(P2 + 1, H, K, V, dtype=f32, device=dev)  # + a zero row for the slots
         dS_loc[P2].zero_()
         if kernels.tables is not None:
@@ -381,16 +381,18 @@ def _reverse_passes(p, q2, k2, do2, Pg, Ag, fac, g2, bounds, plan, decay_thresho
                 bwd["bwd_dh"](*views, fac, *rng, skip_m.to(torch.int32).contiguous(), eye, *scratch, Mt[:P2],
                               p.scale, 1)
                 flag[:P2] = read.to(torch.int32)
-        # Chain from the last piece backwards (one launch): slot s of long sequence l = dS_start(last_l - s).
-        # into the head of dht_all = cat(slots, user_dht)
-        nl = len(plan.long_seqs)
-        dht_all, slots = slots_ahead_of(user_dht, plan.n_slots - 1, nl)
-        kernels.correct(dS_loc[plan.bwd_slot_first], dS_loc, Mt, flag, plan.bwd_slot_src32, slots, arch.name,
-                        msrc=msrc, transpose_m=transpose_m)
-        del dS_loc  # dead before dht_pieces is gathered: the fp32 piece states were at the training step's peak
+        # Chain from the last piece backwards (one launch): slot s of long sequence l = dS_start(last_l - s),
+        # written into that piece's row (plan.bwd_slot_rows32; row P takes the slots past a sequence's pieces): every
+        # sequence's last piece ends at its dht, the others at the chain's outputs; no gathered copy
+        P = plan.n_pieces
+        rows = torch.empty(P + 1, H, K, V, dtype=f32, device=dev)
+        rows.index_copy_(0, plan.last_piece, user_dht)
+        kernels.correct(dS_loc[plan.bwd_slot_first], dS_loc, Mt, flag, plan.bwd_slot_src32, rows, arch.name,
+                        msrc=msrc, transpose_m=transpose_m, out_rows=plan.bwd_slot_rows32)
+        del dS_loc  # the fp32 local gradients were at the training step's peak
+        dht_pieces = rows[:P]
     else:
-        dht_all = user_dht
-    dht_pieces = dht_all[plan.dht_src].contiguous()
+        dht_pieces = user_dht[plan.dht_src].contiguous()
     if "bwd_fused" in bwd:
         return dht_pieces
 

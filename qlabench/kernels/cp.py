@@ -158,12 +158,17 @@ class CPPlan:
         bwd_slot_msrc32 `[max(n_slots - 2, 0), n_long]` int32 (None without pass1): bwd_m_rows[bwd_slot_src],
             the forward chain's row each backward chain step reads (cp_correct's msrc),
         bwd_slot_src32: bwd_slot_src as int32 (what cp_correct reads),
-        bwd_dht_src `[p_hi - p_lo]` int64: row of each range piece's local terminal gradient in
-            cat(per-sequence dht `[N]`, a zero row): its sequence's dht if it is last, else zero,
+        bwd_last_rows / bwd_last_seqs `[n_last]` int64: the range rows of the pieces that are last in their
+            sequence and those sequences: a range piece's local terminal gradient is its sequence's dht if it is
+            last, else zero,
         bwd_slot_first `[n_long]` int64: range row of the last piece of long sequence l,
         bwd_slot_src `[max(n_slots - 2, 0), n_long]` int64: for chain step s, the range row of
             piece (last - 1 - s) of long sequence l, or p_hi - p_lo (a zero row) once that piece
             would be the sequence's first,
+        slot_rows32 `[n_slots, n_long]` int32 (None without pass1) / bwd_slot_rows32 `[n_slots - 1, n_long]` int32:
+            the piece row cp_correct writes chain output s of long sequence l to in the forward (piece
+            first + s: its initial state) / the backward (piece last - 1 - s: its terminal gradient), P (a
+            scratch row past the pieces) where the sequence has no such piece,
         dht_src `[P]` int64: row of each piece's terminal gradient in cat(slots
             `[(n_slots - 1) * n_long]`, per-sequence dht `[N]`).
         piece_order `[P]` / bwd_pass_order `[p_hi - p_lo]` int32: the order the backward's chunk recurrences
@@ -209,7 +214,8 @@ class CPPlan:
     bwd_pass_order: torch.Tensor | None = None
     bwd_fwd_last: torch.Tensor | None = None
     bwd_fwd_valid: torch.Tensor | None = None
-    bwd_dht_src: torch.Tensor | None = None
+    bwd_last_rows: torch.Tensor | None = None
+    bwd_last_seqs: torch.Tensor | None = None
     bwd_slot_first: torch.Tensor | None = None
     bwd_slot_src: torch.Tensor | None = None
     bwd_slot_src32: torch.Tensor | None = None
@@ -225,6 +231,8 @@ class CPPlan:
     pass1_rev_last32: torch.Tensor | None = None
     pass1_piece32: torch.Tensor | None = None
     fused_chains: torch.Tensor | None = None
+    slot_rows32: torch.Tensor | None = None
+    bwd_slot_rows32: torch.Tensor | None = None
 
     @property
     def n_pieces(self) -> int:
@@ -319,6 +327,9 @@ def build_plan(cu: list[int], piece_chunks: int | None, chunk_size: int, device)
                for s in range(n_slots - 1)]
         slot_src = up(src, i32).reshape(n_slots - 1, len(long_seqs))
         slot_seq = up(list(long_seqs), i64)
+        # cp_correct writes chain output s of long sequence l straight into its piece's row (P: a scratch row)
+        warm["slot_rows32"] = up([[first[n] + s if s < counts[n] else P for n in long_seqs] for s in range(n_slots)],
+                                 i32).reshape(n_slots, len(long_seqs))
         for l_idx, n in enumerate(long_seqs):
             for s in range(counts[n]):
                 h0_src[first[n] + s] = s * len(long_seqs) + l_idx
@@ -346,12 +357,16 @@ def build_plan(cu: list[int], piece_chunks: int | None, chunk_size: int, device)
                              for j in range(lo, hi)], i64).reshape(hi - lo, Lf),
             bwd_fwd_valid=up([[pieces[j][0] + r * C < pieces[j][1] for r in range(Lf)] for j in range(lo, hi)],
                              torch.bool).reshape(hi - lo, Lf),
-            bwd_dht_src=up([seq[j] if is_last[j] else N for j in range(lo, hi)], i64),
+            bwd_last_rows=up([j - lo for j in range(lo, hi) if is_last[j]], i64),
+            bwd_last_seqs=up([seq[j] for j in range(lo, hi) if is_last[j]], i64),
             bwd_slot_first=up([last[n] - lo for n in long_seqs], i64),
             bwd_slot_src=up([[last[n] - 1 - s - lo if s <= counts[n] - 3 else zero_row for n in long_seqs]
                              for s in range(n_slots - 2)], i64).reshape(max(n_slots - 2, 0), nl),
         )
         bwd["bwd_slot_src32"] = bwd["bwd_slot_src"].to(i32)
+        # chain output s of long sequence l: the terminal gradient of piece last - 1 - s (P: a scratch row)
+        bwd["bwd_slot_rows32"] = up([[last[n] - 1 - s if s <= counts[n] - 2 else P for n in long_seqs]
+                                     for s in range(n_slots - 1)], i32).reshape(max(n_slots - 1, 0), nl)
         m_b = [-(-(pieces[j][1] - pieces[j][0]) // C) for j in range(lo, hi)]
         bwd["bwd_fwd_last32"] = up([[min(pieces[j][0] + (r + 1) * C, pieces[j][1]) - 1 if r < m else -1
                                      for r in range(Lf)] for j, m in zip(range(lo, hi), m_b)], i32).reshape(hi - lo, Lf)

@@ -124,15 +124,24 @@ def _twin_recurrence(n_blocks: int, sm_count: int, arch, bv: int | None = None):
     return twin_chunk_fwd_kernel
 
 
-def twin_cp_correct(init, L, M, flag, src, out, arch: str, *, msrc=None, transpose_m: bool = False):
-    """common/cp_correct.cp_correct in float64: out[0] = init, out[s + 1] = L[j] + flag[m] * (M[m] out[s]),
+def twin_cp_correct(init, L, M, flag, src, out, arch: str, *, msrc=None, transpose_m: bool = False,
+                    out_rows=None):
+    """common/cp_correct.cp_correct in float64: X[0] = init, X[s + 1] = L[j] + flag[m] * (M[m] X[s]),
     j = src[s], m = msrc[s] (or j), M^T with ``transpose_m``; M a tensor or a (hi, lo) pair summed in float64
-    (per long sequence and head; M rows with flag 0 are never read, as in the kernel)."""
+    (per long sequence and head; M rows with flag 0 are never read, as in the kernel); X[s] into out[s], or with
+    ``out_rows`` into the rows out_rows[s] of a flat out."""
     if isinstance(M, tuple):
         M = M[0].to(F64) + M[1].to(F64)
+
+    def put(s, x):
+        if out_rows is None:
+            out[s] = x.to(out.dtype)
+        else:
+            out[out_rows[s].long()] = x.to(out.dtype)
+
     x = init.to(F64)
-    out[0] = x.to(out.dtype)
-    for s in range(out.shape[0] - 1):
+    put(0, x)
+    for s in range(src.shape[0]):
         j = src[s].long()  # [n_long]
         m = j if msrc is None else msrc[s].long()
         on = (flag[m] != 0)[..., None, None]  # [n_long, H, 1, 1]
@@ -141,7 +150,7 @@ def twin_cp_correct(init, L, M, flag, src, out, arch: str, *, msrc=None, transpo
             Mm = Mm.transpose(-1, -2)
         prod = torch.where(on, Mm, torch.zeros((), dtype=F64)) @ x
         x = L[j].to(F64) + torch.where(on, prod, torch.zeros((), dtype=F64))
-        out[s + 1] = x.to(out.dtype)
+        put(s + 1, x)
     return out
 
 

@@ -317,16 +317,6 @@ class PieceTransitions:
     state_v_first: bool
 
 
-def slots_ahead_of(tail: torch.Tensor, n_slots: int, nl: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(all, slots): all = cat(slots, tail) allocated once (``tail``'s dtype and device) with ``tail`` copied
-    into its end, and slots `[n_slots, nl, *tail.shape[1:]]` the view of its head that the correction chain
-    writes, so no cat pass follows the chain (the forward's h0_all, the backward's dht_all)."""
-    n_rows = n_slots * nl
-    out = tail.new_empty((n_rows + tail.shape[0],) + tuple(tail.shape[1:]))
-    out[n_rows:].copy_(tail)
-    return out, out[:n_rows].view((n_slots, nl) + tuple(tail.shape[1:]))
-
-
 def piece_initial_states(p, plan, state_v_first, q2, k2, v2, g_cumsum, Ag, Pm, user_h0, decay_threshold,
                          transition, kernels: ForwardKernels, arch, sms: int, o_scratch):
     """Launches (b) and (c) of the module docstring: the initial state of every piece of ``plan``.
@@ -379,22 +369,23 @@ def piece_initial_states(p, plan, state_v_first, q2, k2, v2, g_cumsum, Ag, Pm, u
             kernel1(*views, *rng, skip_m, no_h0, o[:tok_hi], M, h_dummy, p.scale, 2, 1, 0, 1)
         # (c) correction over piece positions, all long sequences at once: one chain launch. Its
         # states are [K, V]; with state_v_first the stored S^T and M^T are transposed around it.
-        nl = len(plan.long_seqs)
-        h0_all, slots = slots_ahead_of(user_h0, plan.n_slots, nl)
+        # the chain writes each long sequence's piece states straight into their rows of the result (plan.slot_rows32;
+        # row P takes the chain slots past a sequence's pieces); every sequence's first piece starts from its h0
+        P = plan.n_pieces
         init = user_h0[plan.slot_seq]
         src = plan.slot_src
         # the chain's products read M as it is stored: transposed with state_v_first (M^T stored)
         Mk = kernels.split(M, arch.name) if kernels.split is not None else M
         del M
         if state_v_first:
-            kv_slots = torch.empty((plan.n_slots, nl, H, K, state[1]), dtype=sdt, device=dev)
+            kv_rows = torch.empty((P + 1, H, K, state[1]), dtype=sdt, device=dev)
             kernels.correct(init.transpose(-1, -2).contiguous(), S_loc.transpose(-1, -2).contiguous(),
-                            Mk, flag, src, kv_slots, arch.name, transpose_m=True)
-            slots.copy_(kv_slots.transpose(-1, -2))
+                            Mk, flag, src, kv_rows, arch.name, transpose_m=True, out_rows=plan.slot_rows32)
+            rows = kv_rows.transpose(-1, -2).contiguous()
         else:
-            kernels.correct(init.contiguous(), S_loc, Mk, flag, src, slots, arch.name)
+            rows = torch.empty((P + 1,) + tuple(user_h0.shape[1:]), dtype=sdt, device=dev)
+            kernels.correct(init.contiguous(), S_loc, Mk, flag, src, rows, arch.name, out_rows=plan.slot_rows32)
+        rows.index_copy_(0, plan.first_piece, user_h0)  # the long sequences' first rows: the chain's output 0 again
         transitions = PieceTransitions(Mk, flag, lo, state_v_first)
-    else:
-        h0_all = user_h0
-        transitions = None
-    return h0_all[plan.h0_src].contiguous(), transitions
+        return rows[:P], transitions
+    return user_h0[plan.h0_src].contiguous(), None

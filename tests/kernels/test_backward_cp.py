@@ -412,3 +412,30 @@ def test_chain_reads_the_forward_transitions_through_msrc(state_v_first):
     pair = twin_cp_correct(init, L, (hi, M - hi), flag, src, torch.empty_like(want), "cpu", msrc=msrc,
                            transpose_m=not state_v_first)
     assert torch.allclose(pair, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("cu", [[0, 100, 100, 430, 470], [0, 300, 301, 700, 1000]])
+def test_chain_rows_are_the_pieces_rows(cu):
+    """cp_correct writes the chain straight into per-piece tables: output s of long sequence l goes to row
+    slot_rows32[s, l] (forward: the start state of piece first + s) and bwd_slot_rows32[s, l] (backward: the end
+    gradient of piece last - 1 - s), the pieces h0_src / dht_src name for slot s, l; every other entry is the scratch
+    row P; and the rows the chain does not write are exactly each sequence's first (forward) / last (backward) piece,
+    which the callers fill from the user's h0 / dht."""
+    from qlabench.kernels.cp import build_plan
+
+    plan = build_plan(cu, 4, 16, "cpu")
+    P, nl = plan.n_pieces, len(plan.long_seqs)
+    assert nl >= 2 and plan.enabled
+    for rows, src, firsts in ((plan.slot_rows32, plan.h0_src, plan.first_piece),
+                              (plan.bwd_slot_rows32, plan.dht_src, plan.last_piece)):
+        want = {int(s): j for j, s in enumerate(src.tolist()) if s < rows.shape[0] * nl}
+        for s in range(rows.shape[0]):
+            for l_idx in range(nl):
+                assert rows[s, l_idx].item() == want.get(s * nl + l_idx, P), (s, l_idx)
+        written = {r for r in rows.flatten().tolist() if r != P}
+        users = set(firsts.tolist())
+        if rows is plan.slot_rows32:  # output 0 of the forward chain is the user's h0 again: written both ways
+            assert written | users == set(range(P)) and written & users == {plan.first_piece[n].item()
+                                                                            for n in plan.long_seqs}
+        else:
+            assert written | users == set(range(P)) and not written & users

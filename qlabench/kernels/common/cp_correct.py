@@ -53,7 +53,9 @@ THREADS = 128
 @functools.cache
 def cp_correct_kernel(H: int, K: int, V: int, BV: int, arch: str, transpose_m: bool = False):
     """Compiled correction chain for H v-heads, K x V states and V tiles of BV columns; ``transpose_m``:
-    the products use M^T (the shared M tiles as transposed operands)."""
+    the products use M^T (the shared M tiles as transposed operands). Chain output s of long sequence l goes to row
+    out_rows[s, l] of a flat `[n_rows, H, K, V]` out: the callers' per-piece state tables, written in place (no slot
+    buffer to gather the pieces' rows from)."""
     if V % BV:
         raise ValueError(f"V ({V}) must be a multiple of the V tile BV ({BV})")
     NV = V // BV
@@ -63,6 +65,7 @@ def cp_correct_kernel(H: int, K: int, V: int, BV: int, arch: str, transpose_m: b
     n_src = T.dynamic("n_src")
     n_m = T.dynamic("n_m")
     n_long = T.dynamic("n_long")
+    n_rows = T.dynamic("n_rows")
 
     @T.macro
     def fetch(st: int, s, l, h, v0, L, M_hi, M_lo, src, msrc, Mh_s, Ml_s, L_s, full):
@@ -76,7 +79,14 @@ def cp_correct_kernel(H: int, K: int, V: int, BV: int, arch: str, transpose_m: b
             T.mbarrier_arrive(full[st])
 
     @T.macro
-    def step(st: int, s, l, h, v0, L, M_hi, M_lo, flag, src, msrc, out, Mh_s, Ml_s, L_s, Xt_hi, Xt_lo,
+    def store(s, l, h, v0, out, out_rows, X_f):
+        """Chain output s of long sequence l into row out_rows[s, l]."""
+        r = out_rows[s, l]
+        for i, c in T.Parallel(K, BV):
+            out[r, h, i, v0 + c] = X_f[i, c]
+
+    @T.macro
+    def step(st: int, s, l, h, v0, L, M_hi, M_lo, flag, src, msrc, out, out_rows, Mh_s, Ml_s, L_s, Xt_hi, Xt_lo,
              X_f, P_f, full):
         """X <- L[j] + flag[m] M[m] X for step s (stage st), stored as out[s + 1]; then stage st <- step s + S."""
         if s < n_out - 1:
@@ -95,8 +105,7 @@ def cp_correct_kernel(H: int, K: int, V: int, BV: int, arch: str, transpose_m: b
             else:
                 for i, c in T.Parallel(K, BV):
                     X_f[i, c] = L_s[i, c]
-            for i, c in T.Parallel(K, BV):
-                out[s + 1, l, h, i, v0 + c] = X_f[i, c]
+            store(s + 1, l, h, v0, out, out_rows, X_f)
             T.sync_threads()  # every read of stage st done before it is refilled
             fetch(st, s + S, l, h, v0, L, M_hi, M_lo, src, msrc, Mh_s, Ml_s, L_s, full)
 
@@ -109,7 +118,8 @@ def cp_correct_kernel(H: int, K: int, V: int, BV: int, arch: str, transpose_m: b
         flag: T.Tensor((n_m, H), "int32"),
         src: T.Tensor((n_steps, n_long), "int32"),
         msrc: T.Tensor((n_steps, n_long), "int32"),
-        out: T.Tensor((n_out, n_long, H, K, V), "float32"),
+        out: T.Tensor((n_rows, H, K, V), "float32"),
+        out_rows: T.Tensor((n_out, n_long), "int32"),
     ):
         with T.Kernel(NV, n_long * H, threads=THREADS) as (iv, lh):
             Mh0 = T.alloc_shared((K, K), "bfloat16")
@@ -134,12 +144,11 @@ def cp_correct_kernel(H: int, K: int, V: int, BV: int, arch: str, transpose_m: b
                 fetch(1, 1, l, h, v0, L, M_hi, M_lo, src, msrc, Mh1, Ml1, L1, full)
             for i, c in T.Parallel(K, BV):
                 X_f[i, c] = init[l, h, i, v0 + c]
-            for i, c in T.Parallel(K, BV):
-                out[0, l, h, i, v0 + c] = X_f[i, c]
+            store(0, l, h, v0, out, out_rows, X_f)
             for p in T.serial(T.ceildiv(n_out - 1, 2)):
-                step(0, 2 * p, l, h, v0, L, M_hi, M_lo, flag, src, msrc, out, Mh0, Ml0, L0, Xt_hi,
+                step(0, 2 * p, l, h, v0, L, M_hi, M_lo, flag, src, msrc, out, out_rows, Mh0, Ml0, L0, Xt_hi,
                      Xt_lo, X_f, P_f, full)
-                step(S - 1, 2 * p + 1, l, h, v0, L, M_hi, M_lo, flag, src, msrc, out, Mh1, Ml1, L1,
+                step(S - 1, 2 * p + 1, l, h, v0, L, M_hi, M_lo, flag, src, msrc, out, out_rows, Mh1, Ml1, L1,
                      Xt_hi, Xt_lo, X_f, P_f, full)
 
     return compile_for(cp_correct, arch)
@@ -180,13 +189,16 @@ def split_m(M: torch.Tensor, arch: str) -> tuple[torch.Tensor, torch.Tensor]:
     return M_hi, M_lo
 
 
-def cp_correct(init, L, M, flag, src, out, arch: str, *, msrc=None, transpose_m: bool = False):
-    """Launches the chain (module docstring) on the device; ``out[0]`` = ``init``.
+def cp_correct(init, L, M, flag, src, out, arch: str, *, msrc=None, transpose_m: bool = False, out_rows=None):
+    """Launches the chain (module docstring) on the device; output 0 = ``init``.
 
     Args: init `[n_long, H, K, V]`, L `[n_src, H, K, V]` fp32; M `[n_m, H, K, K]` fp32, or its (M_hi, M_lo)
     from `split_m` (contiguous, [K, V] layout); flag `[n_m, H]` int32; src `[n_out - 1, n_long]` int32 row
     indices into L; msrc (src's shape, int32) the row of M and flag of each step (None: src, n_m = n_src);
-    transpose_m: the chain multiplies by M^T; out `[n_out, n_long, H, K, V]` fp32, written.
+    transpose_m: the chain multiplies by M^T; out, written: with ``out_rows`` (`[n_out, n_long]` int32) a flat
+    `[n_rows, H, K, V]` fp32 whose row out_rows[s, l] takes output s of long sequence l (rows may repeat: a chain
+    slot past a sequence's pieces may go to one scratch row), else `[n_out, n_long, H, K, V]` fp32 (output s of l
+    in out[s, l]).
     """
     _, H, K, V = init.shape
     pair = isinstance(M, tuple)
@@ -198,10 +210,21 @@ def cp_correct(init, L, M, flag, src, out, arch: str, *, msrc=None, transpose_m:
     if msrc.dtype != torch.int32 or msrc.shape != src.shape:
         raise ValueError(f"cp_correct: msrc must be int32 of src's shape {tuple(src.shape)}, got {msrc.dtype} "
                          f"{tuple(msrc.shape)}")
-    if out.shape[0] == 1:  # no step: the chain is its start
-        out[0].copy_(init)
+    n_long = init.shape[0]
+    if out_rows is None:
+        n_out = out.shape[0]
+        flat = out.view(n_out * n_long, H, K, V)
+        out_rows = torch.arange(n_out * n_long, dtype=torch.int32, device=out.device).view(n_out, n_long)
+    else:
+        n_out, flat = out_rows.shape[0], out
+        if out_rows.dtype != torch.int32 or tuple(out_rows.shape) != (src.shape[0] + 1, n_long) \
+                or not out_rows.is_contiguous():
+            raise ValueError(f"cp_correct: out_rows must be contiguous int32 of shape {(src.shape[0] + 1, n_long)}, "
+                             f"got {out_rows.dtype} {tuple(out_rows.shape)}")
+    if n_out == 1:  # no step: the chain is its start
+        flat.index_copy_(0, out_rows[0].long(), init)
         return out
     bv = BV_CORRECT if V % BV_CORRECT == 0 else V
     M_hi, M_lo = M if pair else split_m(M, arch)
-    cp_correct_kernel(H, K, V, bv, arch, bool(transpose_m))(init, L, M_hi, M_lo, flag, src, msrc, out)
+    cp_correct_kernel(H, K, V, bv, arch, bool(transpose_m))(init, L, M_hi, M_lo, flag, src, msrc, flat, out_rows)
     return out
