@@ -392,7 +392,7 @@ def _reverse_passes(p, q2, k2, do2, Pg, Ag, fac, g2, bounds, plan, decay_thresho
         del dS_loc  # the fp32 local gradients were at the training step's peak
         dht_pieces = rows[:P]
     else:
-        dht_pieces = user_dht[plan.dht_src].contiguous()
+        dht_pieces = user_dht[plan.piece_seq].contiguous()  # no chain: every piece is its sequence
     if "bwd_fused" in bwd:
         return dht_pieces
 

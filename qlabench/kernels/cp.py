@@ -130,9 +130,9 @@ class CPPlan:
         slot_src `[n_slots - 1, n_long]` int32 (what cp_correct reads): for chain step s and long
             sequence l, the local-pass row of that sequence's piece s, or p_hi - p_lo (a zero row) past
             its second-to-last piece,
-        slot_seq `[n_long]` int64: sequence of long sequence l,
-        h0_src `[P]` int64: row of each piece's initial state in cat(slots `[n_slots * n_long]`,
-            per-sequence initial states `[N]`).
+        slot_seq `[n_long]` int64: sequence of long sequence l.
+    Without a chain (pass1 / bwd_pass None: every sequence is one piece) a piece's initial state and terminal gradient
+    are its sequence's: rows piece_seq of the user's h0 / dht.
 
     Backward tables (read by `backward_cp.py`; the mirror image of the forward's, for the reverse
     state-gradient chain; None / 0 where CP has nothing to chain):
@@ -169,8 +169,6 @@ class CPPlan:
             the piece row cp_correct writes chain output s of long sequence l to in the forward (piece
             first + s: its initial state) / the backward (piece last - 1 - s: its terminal gradient), P (a
             scratch row past the pieces) where the sequence has no such piece,
-        dht_src `[P]` int64: row of each piece's terminal gradient in cat(slots
-            `[(n_slots - 1) * n_long]`, per-sequence dht `[N]`).
         piece_order `[P]` / bwd_pass_order `[p_hi - p_lo]` int32: the order the backward's chunk recurrences
             dispatch the pieces (of the local reverse pass's range) in (common/bwd_h.sequence_block): token order.
             Longest first measured slower here (session 25: hk4_hv8 32k_2seq 1.04x), where the plain
@@ -200,7 +198,6 @@ class CPPlan:
     piece_end: torch.Tensor | None
     slot_src: torch.Tensor | None
     slot_seq: torch.Tensor | None
-    h0_src: torch.Tensor
     first_piece: torch.Tensor | None = None
     bwd_pass: tuple[int, int] | None = None
     bwd_pass_cu: torch.Tensor | None = None
@@ -223,7 +220,6 @@ class CPPlan:
     bwd_piece32: torch.Tensor | None = None
     bwd_m_rows: torch.Tensor | None = None
     bwd_slot_msrc32: torch.Tensor | None = None
-    dht_src: torch.Tensor | None = None
     pass1_n_chunks: torch.Tensor | None = None
     pass1_needed: torch.Tensor | None = None
     pass1_rev_last: torch.Tensor | None = None
@@ -299,7 +295,6 @@ def build_plan(cu: list[int], piece_chunks: int | None, chunk_size: int, device)
     i32, i64 = torch.int32, torch.int64
     pass1_cu = pass1_off = piece_start = piece_end = slot_src = slot_seq = None
     warm: dict = {}
-    h0_src = [n_slots * len(long_seqs) + n for n in seq]
     if pass1 is not None:
         lo, hi = pass1
         pass1_cu = up(cu_pieces[lo:hi + 1], i32)
@@ -330,14 +325,10 @@ def build_plan(cu: list[int], piece_chunks: int | None, chunk_size: int, device)
         # cp_correct writes chain output s of long sequence l straight into its piece's row (P: a scratch row)
         warm["slot_rows32"] = up([[first[n] + s if s < counts[n] else P for n in long_seqs] for s in range(n_slots)],
                                  i32).reshape(n_slots, len(long_seqs))
-        for l_idx, n in enumerate(long_seqs):
-            for s in range(counts[n]):
-                h0_src[first[n] + s] = s * len(long_seqs) + l_idx
     # Backward: the reverse chain over pieces that are not first in their sequence.
     nl = len(long_seqs)
     non_first = [j for j in range(P) if not is_first[j]]
     bwd_pass = (non_first[0], non_first[-1] + 1) if non_first else None
-    dht_src = [(n_slots - 1) * nl + n for n in seq] if nl else [n for n in seq]
     bwd: dict = {"bwd_pass": bwd_pass}
     if bwd_pass is not None:
         lo, hi = bwd_pass
@@ -378,9 +369,6 @@ def build_plan(cu: list[int], piece_chunks: int | None, chunk_size: int, device)
             bwd["bwd_m_rows"] = up([j - p1_lo if p1_lo <= j < p1_hi and not is_first[j] and not is_last[j] else n1
                                     for j in range(lo, hi)] + [n1], i32)
             bwd["bwd_slot_msrc32"] = bwd["bwd_m_rows"][bwd["bwd_slot_src"]].contiguous()
-        for l_idx, n in enumerate(long_seqs):
-            for i in range(counts[n] - 1):
-                dht_src[first[n] + i] = (counts[n] - 2 - i) * nl + l_idx
     by_length = sorted(range(P), key=lambda j: offsets[j] - offsets[j + 1])  # longest first, stable
     fused = [[pieces[j][0], pieces[j][1], offsets[j], j] for j in by_length]
     return CPPlan(
@@ -389,8 +377,7 @@ def build_plan(cu: list[int], piece_chunks: int | None, chunk_size: int, device)
         cu_pieces=up(cu_pieces, i32), chunk_offsets=up(offsets, i32), piece_seq=up(seq, i64),
         is_first=up(is_first, torch.bool), is_last=up(is_last, torch.bool), last_piece=up(last, i64),
         pass1_cu=pass1_cu, pass1_chunk_offsets=pass1_off, piece_start=piece_start, piece_end=piece_end,
-        slot_src=slot_src, slot_seq=slot_seq, h0_src=up(h0_src, i64),
-        first_piece=up(first, i64), dht_src=up(dht_src, i64),
+        slot_src=slot_src, slot_seq=slot_seq, first_piece=up(first, i64),
         piece_order=up(list(range(P)), i32), fused_chains=up(fused, i32).reshape(P, 4), **bwd, **warm,
     )
 

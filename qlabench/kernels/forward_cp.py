@@ -388,4 +388,4 @@ def piece_initial_states(p, plan, state_v_first, q2, k2, v2, g_cumsum, Ag, Pm, u
         rows.index_copy_(0, plan.first_piece, user_h0)  # the long sequences' first rows: the chain's output 0 again
         transitions = PieceTransitions(Mk, flag, lo, state_v_first)
         return rows[:P], transitions
-    return user_h0[plan.h0_src].contiguous(), None
+    return user_h0[plan.piece_seq].contiguous(), None  # no chain: every piece is its sequence

@@ -417,21 +417,23 @@ def test_chain_reads_the_forward_transitions_through_msrc(state_v_first):
 @pytest.mark.parametrize("cu", [[0, 100, 100, 430, 470], [0, 300, 301, 700, 1000]])
 def test_chain_rows_are_the_pieces_rows(cu):
     """cp_correct writes the chain straight into per-piece tables: output s of long sequence l goes to row
-    slot_rows32[s, l] (forward: the start state of piece first + s) and bwd_slot_rows32[s, l] (backward: the end
-    gradient of piece last - 1 - s), the pieces h0_src / dht_src name for slot s, l; every other entry is the scratch
-    row P; and the rows the chain does not write are exactly each sequence's first (forward) / last (backward) piece,
+    slot_rows32[s, l] (forward: the start state of the sequence's piece s) and bwd_slot_rows32[s, l] (backward: the end
+    gradient of its piece last - 1 - s), the pieces taken from plan.pieces here; every other entry is the scratch row
+    P; and the rows the chain does not write are exactly each sequence's first (forward) / last (backward) piece,
     which the callers fill from the user's h0 / dht."""
     from qlabench.kernels.cp import build_plan
 
     plan = build_plan(cu, 4, 16, "cpu")
     P, nl = plan.n_pieces, len(plan.long_seqs)
     assert nl >= 2 and plan.enabled
-    for rows, src, firsts in ((plan.slot_rows32, plan.h0_src, plan.first_piece),
-                              (plan.bwd_slot_rows32, plan.dht_src, plan.last_piece)):
-        want = {int(s): j for j, s in enumerate(src.tolist()) if s < rows.shape[0] * nl}
+    of_seq = [[j for j, piece in enumerate(plan.pieces) if piece[2] == n] for n in plan.long_seqs]
+    fwd_piece = {(s, l_idx): js[s] for l_idx, js in enumerate(of_seq) for s in range(len(js))}
+    bwd_piece = {(s, l_idx): js[-2 - s] for l_idx, js in enumerate(of_seq) for s in range(len(js) - 1)}
+    for rows, want, firsts in ((plan.slot_rows32, fwd_piece, plan.first_piece),
+                               (plan.bwd_slot_rows32, bwd_piece, plan.last_piece)):
         for s in range(rows.shape[0]):
             for l_idx in range(nl):
-                assert rows[s, l_idx].item() == want.get(s * nl + l_idx, P), (s, l_idx)
+                assert rows[s, l_idx].item() == want.get((s, l_idx), P), (s, l_idx)
         written = {r for r in rows.flatten().tolist() if r != P}
         users = set(firsts.tolist())
         if rows is plan.slot_rows32:  # output 0 of the forward chain is the user's h0 again: written both ways

@@ -76,7 +76,7 @@ def test_plan_off_is_the_sequences():
     cu = [0, 100, 100, 5000]
     plan = build_plan(cu, None, 64, "cpu")
     assert not plan.enabled and plan.pass1 is None
-    assert plan.cu_pieces.tolist() == cu and plan.h0_src.tolist() == [0, 1, 2]
+    assert plan.cu_pieces.tolist() == cu and plan.piece_seq.tolist() == [0, 1, 2]
 
 
 @pytest.mark.parametrize("heads,on,L", [(8, True, 16), (16, True, 32), (32, True, 32), (48, True, 32),
