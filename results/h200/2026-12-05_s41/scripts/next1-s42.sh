@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Prepared in session 41 for the next GPU session: wip/s41-glue (916bfbc) and wip/s41-cp2wg (b836558) against main
-# (83e36ba = 25b8923's kernels).
+# Prepared in session 41 for the next GPU session: wip/s41-glue (7a1c254) and wip/s41-cp2wg (6ede4fa) against main
+# (9cdbb0d = 25b8923's kernels).
 # glue: cp_correct reads its start rows through init_rows and stages its chain tables in shared memory, sm90 issues a
 # step's three products with one wait; the CP backward's piece rows double as the local pass's terminal gradients (no
 # dht_loc fill / index_select / index_copy, no first-slot gather, no zeroed slot rows); dh0 of consecutive first pieces
