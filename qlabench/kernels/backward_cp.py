@@ -314,7 +314,7 @@ def _bwd_cp(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, s
         del dht_pieces  # read by (e) only
         dq_v, dk_v, dbeta, dg = chunk_grads(bwd, p, q2, k2, v2, do2, dvp, dv, g2, b2, A2, h, dh, bounds, C)
     del h, dh, dvp
-    dh0 = None if initial_state is None else dh0_pieces[plan.first_piece]
+    dh0 = None if initial_state is None else plan.first_rows(dh0_pieces)
     return gradients_out(p, table, cu_seqlens, dq_v, dk_v, dv, dbeta, dg, dh0, beta, initial_state, state_v_first)
 
 
@@ -338,17 +338,21 @@ def _reverse_passes(p, q2, k2, do2, Pg, Ag, fac, g2, bounds, plan, decay_thresho
         # sm90's bwd_dh_ws leaves them (has_skip); the final pass (e) writes them
         scratch = dh_pass_rows(bwd, dh, dvp[:tok_hi], dv[:tok_hi])
         rng = (plan.bwd_pass_cu, plan.bwd_pass_chunk_offsets, plan.bwd_pass_order)
-        # zero, but the sequence's dht for a sequence's last piece (a fill and a row copy, no gathered concatenation)
-        dht_loc = torch.zeros(P2, H, K, V, dtype=f32, device=dev)
-        dht_loc.index_copy_(0, plan.bwd_last_rows, user_dht.index_select(0, plan.bwd_last_seqs))
-        dS_loc = torch.empty(P2 + 1, H, K, V, dtype=f32, device=dev)  # + a zero row for the slots
-        dS_loc[P2].zero_()
+        # The pieces' terminal gradients, one row per piece (+ row P, the chain's scratch): every sequence's dht in its
+        # last piece's row, zero elsewhere until the chain (below) writes the others. Rows lo .. hi - 1 are
+        # therefore the local pass's terminal gradients as they are: zero, but dht for a sequence's last piece.
+        P = plan.n_pieces
+        rows = torch.zeros(P + 1, H, K, V, dtype=f32, device=dev)
+        rows.index_copy_(0, plan.last_piece, user_dht)
+        dht_loc = rows[lo:hi]
+        # + row P2, read by the chain's steps past a sequence's pieces: their outputs go to the scratch row P, which
+        # nothing reads, so it is not zeroed
+        dS_loc = torch.empty(P2 + 1, H, K, V, dtype=f32, device=dev)
         if kernels.tables is not None:
             skip_loc = kernels.tables(plan, g2, decay_threshold, arch.name, "backward")[0]
         else:
             skip_loc = local_skips(plan, g2, decay_threshold)
         bwd["bwd_dh"](*views, fac, *rng, skip_loc, dht_loc, *scratch, dS_loc[:P2], p.scale, 1)
-        del dht_loc  # stream-ordered: its block is reused only by this stream's later allocations
         msrc, transpose_m = None, False
         if transitions is not None:  # the forward chain's M (read transposed) and truncation decisions
             check_transitions(transitions, plan)
@@ -381,14 +385,11 @@ def _reverse_passes(p, q2, k2, do2, Pg, Ag, fac, g2, bounds, plan, decay_thresho
                 bwd["bwd_dh"](*views, fac, *rng, skip_m.to(torch.int32).contiguous(), eye, *scratch, Mt[:P2],
                               p.scale, 1)
                 flag[:P2] = read.to(torch.int32)
-        # Chain from the last piece backwards (one launch): slot s of long sequence l = dS_start(last_l - s),
-        # written into that piece's row (plan.bwd_slot_rows32; row P takes the slots past a sequence's pieces): every
-        # sequence's last piece ends at its dht, the others at the chain's outputs; no gathered copy
-        P = plan.n_pieces
-        rows = torch.empty(P + 1, H, K, V, dtype=f32, device=dev)
-        rows.index_copy_(0, plan.last_piece, user_dht)
-        kernels.correct(dS_loc[plan.bwd_slot_first], dS_loc, Mt, flag, plan.bwd_slot_src32, rows, arch.name,
-                        msrc=msrc, transpose_m=transpose_m, out_rows=plan.bwd_slot_rows32)
+        # Chain from the last piece backwards (one launch, starting from dS_loc's rows of the long sequences' last
+        # pieces): slot s of long sequence l = dS_start(last_l - s), written into the row of piece last_l - 1 - s
+        # (plan.bwd_slot_rows32; row P takes the slots past a sequence's pieces); no gathered copy
+        kernels.correct(dS_loc, dS_loc, Mt, flag, plan.bwd_slot_src32, rows, arch.name, msrc=msrc,
+                        transpose_m=transpose_m, out_rows=plan.bwd_slot_rows32, init_rows=plan.bwd_slot_first)
         del dS_loc  # the fp32 local gradients were at the training step's peak
         dht_pieces = rows[:P]
     else:

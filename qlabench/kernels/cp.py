@@ -128,9 +128,9 @@ class CPPlan:
             pass1_piece32 `[p_hi - p_lo, 2]` int32 (n_chunks, needed): the same, as common/cp_tables.py
             reads them.
         slot_src `[n_slots - 1, n_long]` int32 (what cp_correct reads): for chain step s and long
-            sequence l, the local-pass row of that sequence's piece s, or p_hi - p_lo (a zero row) past
-            its second-to-last piece,
-        slot_seq `[n_long]` int64: sequence of long sequence l.
+            sequence l, the local-pass row of that sequence's piece s, or p_hi - p_lo (an extra row of any
+            value: such a step's output goes to the scratch row P) past its second-to-last piece,
+        slot_seq `[n_long]` int32: sequence of long sequence l (cp_correct's init_rows in the forward).
     Without a chain (pass1 / bwd_pass None: every sequence is one piece) a piece's initial state and terminal gradient
     are its sequence's: rows piece_seq of the user's h0 / dht.
 
@@ -158,13 +158,11 @@ class CPPlan:
         bwd_slot_msrc32 `[max(n_slots - 2, 0), n_long]` int32 (None without pass1): bwd_m_rows[bwd_slot_src],
             the forward chain's row each backward chain step reads (cp_correct's msrc),
         bwd_slot_src32: bwd_slot_src as int32 (what cp_correct reads),
-        bwd_last_rows / bwd_last_seqs `[n_last]` int64: the range rows of the pieces that are last in their
-            sequence and those sequences: a range piece's local terminal gradient is its sequence's dht if it is
-            last, else zero,
-        bwd_slot_first `[n_long]` int64: range row of the last piece of long sequence l,
+        bwd_slot_first `[n_long]` int32: range row of the last piece of long sequence l (cp_correct's init_rows in
+            the backward),
         bwd_slot_src `[max(n_slots - 2, 0), n_long]` int64: for chain step s, the range row of
-            piece (last - 1 - s) of long sequence l, or p_hi - p_lo (a zero row) once that piece
-            would be the sequence's first,
+            piece (last - 1 - s) of long sequence l, or p_hi - p_lo (an extra row of any value: such a step's
+            output goes to the scratch row P) once that piece would be the sequence's first,
         slot_rows32 `[n_slots, n_long]` int32 (None without pass1) / bwd_slot_rows32 `[n_slots - 1, n_long]` int32:
             the piece row cp_correct writes chain output s of long sequence l to in the forward (piece
             first + s: its initial state) / the backward (piece last - 1 - s: its terminal gradient), P (a
@@ -211,8 +209,6 @@ class CPPlan:
     bwd_pass_order: torch.Tensor | None = None
     bwd_fwd_last: torch.Tensor | None = None
     bwd_fwd_valid: torch.Tensor | None = None
-    bwd_last_rows: torch.Tensor | None = None
-    bwd_last_seqs: torch.Tensor | None = None
     bwd_slot_first: torch.Tensor | None = None
     bwd_slot_src: torch.Tensor | None = None
     bwd_slot_src32: torch.Tensor | None = None
@@ -233,6 +229,14 @@ class CPPlan:
     @property
     def n_pieces(self) -> int:
         return len(self.pieces)
+
+    def first_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """x[first_piece] (`[P, ...]` per-piece rows -> `[N, ...]` the sequences' first pieces): a view, no launch,
+        when those pieces are consecutive rows (one sequence, or one piece each), else a gather."""
+        first = [j for j, piece in enumerate(self.pieces) if j == 0 or self.pieces[j - 1][2] != piece[2]]
+        if first == list(range(first[0], first[0] + len(first))):
+            return x[first[0]:first[0] + len(first)]
+        return x[self.first_piece]
 
     @property
     def seq_tokens(self) -> list[int]:
@@ -321,7 +325,7 @@ def build_plan(cu: list[int], piece_chunks: int | None, chunk_size: int, device)
         src = [[first[n] + s - lo if s < counts[n] - 1 else zero_row for n in long_seqs]
                for s in range(n_slots - 1)]
         slot_src = up(src, i32).reshape(n_slots - 1, len(long_seqs))
-        slot_seq = up(list(long_seqs), i64)
+        slot_seq = up(list(long_seqs), i32)
         # cp_correct writes chain output s of long sequence l straight into its piece's row (P: a scratch row)
         warm["slot_rows32"] = up([[first[n] + s if s < counts[n] else P for n in long_seqs] for s in range(n_slots)],
                                  i32).reshape(n_slots, len(long_seqs))
@@ -348,9 +352,7 @@ def build_plan(cu: list[int], piece_chunks: int | None, chunk_size: int, device)
                              for j in range(lo, hi)], i64).reshape(hi - lo, Lf),
             bwd_fwd_valid=up([[pieces[j][0] + r * C < pieces[j][1] for r in range(Lf)] for j in range(lo, hi)],
                              torch.bool).reshape(hi - lo, Lf),
-            bwd_last_rows=up([j - lo for j in range(lo, hi) if is_last[j]], i64),
-            bwd_last_seqs=up([seq[j] for j in range(lo, hi) if is_last[j]], i64),
-            bwd_slot_first=up([last[n] - lo for n in long_seqs], i64),
+            bwd_slot_first=up([last[n] - lo for n in long_seqs], i32),
             bwd_slot_src=up([[last[n] - 1 - s - lo if s <= counts[n] - 3 else zero_row for n in long_seqs]
                              for s in range(n_slots - 2)], i64).reshape(max(n_slots - 2, 0), nl),
         )

@@ -125,8 +125,9 @@ def _twin_recurrence(n_blocks: int, sm_count: int, arch, bv: int | None = None):
 
 
 def twin_cp_correct(init, L, M, flag, src, out, arch: str, *, msrc=None, transpose_m: bool = False,
-                    out_rows=None):
-    """common/cp_correct.cp_correct in float64: X[0] = init, X[s + 1] = L[j] + flag[m] * (M[m] X[s]),
+                    out_rows=None, init_rows=None):
+    """common/cp_correct.cp_correct in float64: X[0] = init[init_rows] (init itself without init_rows),
+    X[s + 1] = L[j] + flag[m] * (M[m] X[s]),
     j = src[s], m = msrc[s] (or j), M^T with ``transpose_m``; M a tensor or a (hi, lo) pair summed in float64
     (per long sequence and head; M rows with flag 0 are never read, as in the kernel); X[s] into out[s], or with
     ``out_rows`` into the rows out_rows[s] of a flat out."""
@@ -139,7 +140,7 @@ def twin_cp_correct(init, L, M, flag, src, out, arch: str, *, msrc=None, transpo
         else:
             out[out_rows[s].long()] = x.to(out.dtype)
 
-    x = init.to(F64)
+    x = (init if init_rows is None else init[init_rows.long()]).to(F64)
     put(0, x)
     for s in range(src.shape[0]):
         j = src[s].long()  # [n_long]

@@ -350,8 +350,9 @@ def piece_initial_states(p, plan, state_v_first, q2, k2, v2, g_cumsum, Ag, Pm, u
         # (b) warm-up tables, then the local pass: S_loc of every (piece, head) from zero over its
         # warm-up window (the whole piece for fallback heads).
         skip_local, skip_m, flag = (kernels.tables or warmup_tables)(plan, g_cumsum, decay_threshold, arch.name)
-        S_loc = torch.empty((P1 + 1,) + state, dtype=sdt, device=dev)  # + a zero row for the slots
-        S_loc[P1].zero_()
+        # + row P1, read by the chain's steps past a sequence's pieces: their outputs go to the scratch row P, which
+        # nothing reads, so it is not zeroed
+        S_loc = torch.empty((P1 + 1,) + state, dtype=sdt, device=dev)
         no_h0 = torch.empty((1,) + state, dtype=sdt, device=dev)  # has_h0 = 0: never read (as forward.py)
         kernel1(*views, *rng, skip_local, no_h0, o[:tok_hi], S_loc, h_dummy, p.scale, 0, 1, 0, 1)
         if decay_threshold is None:
@@ -372,20 +373,22 @@ def piece_initial_states(p, plan, state_v_first, q2, k2, v2, g_cumsum, Ag, Pm, u
         # the chain writes each long sequence's piece states straight into their rows of the result (plan.slot_rows32;
         # row P takes the chain slots past a sequence's pieces); every sequence's first piece starts from its h0
         P = plan.n_pieces
-        init = user_h0[plan.slot_seq]
         src = plan.slot_src
         # the chain's products read M as it is stored: transposed with state_v_first (M^T stored)
         Mk = kernels.split(M, arch.name) if kernels.split is not None else M
         del M
         if state_v_first:
             kv_rows = torch.empty((P + 1, H, K, state[1]), dtype=sdt, device=dev)
-            kernels.correct(init.transpose(-1, -2).contiguous(), S_loc.transpose(-1, -2).contiguous(),
-                            Mk, flag, src, kv_rows, arch.name, transpose_m=True, out_rows=plan.slot_rows32)
+            kernels.correct(user_h0.transpose(-1, -2).contiguous(), S_loc.transpose(-1, -2).contiguous(),
+                            Mk, flag, src, kv_rows, arch.name, transpose_m=True, out_rows=plan.slot_rows32,
+                            init_rows=plan.slot_seq)
             rows = kv_rows.transpose(-1, -2).contiguous()
         else:
             rows = torch.empty((P + 1,) + tuple(user_h0.shape[1:]), dtype=sdt, device=dev)
-            kernels.correct(init.contiguous(), S_loc, Mk, flag, src, rows, arch.name, out_rows=plan.slot_rows32)
-        rows.index_copy_(0, plan.first_piece, user_h0)  # the long sequences' first rows: the chain's output 0 again
+            kernels.correct(user_h0, S_loc, Mk, flag, src, rows, arch.name, out_rows=plan.slot_rows32,
+                            init_rows=plan.slot_seq)
+        if len(plan.long_seqs) < plan.n_seqs:  # one-piece sequences (the long ones' first rows hold the chain's output 0)
+            rows.index_copy_(0, plan.first_piece, user_h0)
         transitions = PieceTransitions(Mk, flag, lo, state_v_first)
         return rows[:P], transitions
     return user_h0[plan.piece_seq].contiguous(), None  # no chain: every piece is its sequence

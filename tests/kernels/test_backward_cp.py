@@ -441,3 +441,20 @@ def test_chain_rows_are_the_pieces_rows(cu):
                                                                             for n in plan.long_seqs}
         else:
             assert written | users == set(range(P)) and not written & users
+
+
+@pytest.mark.parametrize("cu", [[0, 1000], [0, 100, 100, 430, 470], [0, 300, 301, 700, 1000], [0, 5, 9, 12]])
+def test_first_rows_is_the_first_piece_gather(cu):
+    """CPPlan.first_rows(x) equals x[first_piece]; a view of x (no launch) when the first pieces are consecutive rows
+    (one sequence; one piece per sequence)."""
+    from qlabench.kernels.cp import build_plan
+
+    plan = build_plan(cu, 4, 16, "cpu")
+    x = torch.randn(plan.n_pieces, 3)
+    got = plan.first_rows(x)
+    assert torch.equal(got, x[plan.first_piece])
+    firsts = plan.first_piece.tolist()
+    consecutive = firsts == list(range(firsts[0], firsts[0] + len(firsts)))
+    assert (got.data_ptr() == x[firsts[0]].data_ptr()) == consecutive
+    if len(cu) == 2 or not plan.enabled:
+        assert consecutive
