@@ -109,7 +109,8 @@ class CPPlan:
     a forced-on plan whose sequences are all short is not enabled), ``piece_chunks`` (L; 0 when off), ``chunk_size``, ``n_seqs``,
     ``pieces`` ((bos, eos, sequence) per piece), ``pass1`` ((p_lo, p_hi) piece range of the local
     pass, covering every piece that is not last in its sequence, or None), ``n_slots`` (most pieces
-    of one sequence), ``long_seqs`` (the sequences of more than one piece).
+    of one sequence), ``long_seqs`` (the sequences of more than one piece), ``first_span`` ((lo, hi) when the
+    sequences' first pieces are the consecutive rows lo..hi - 1: one sequence, or one piece each; else None).
 
     Device tensors (on ``device``):
         cu_pieces `[P + 1]` int32, chunk_offsets `[P + 1]` int32 (chunks before each piece),
@@ -225,6 +226,7 @@ class CPPlan:
     fused_chains: torch.Tensor | None = None
     slot_rows32: torch.Tensor | None = None
     bwd_slot_rows32: torch.Tensor | None = None
+    first_span: tuple[int, int] | None = None
 
     @property
     def n_pieces(self) -> int:
@@ -232,10 +234,9 @@ class CPPlan:
 
     def first_rows(self, x: torch.Tensor) -> torch.Tensor:
         """x[first_piece] (`[P, ...]` per-piece rows -> `[N, ...]` the sequences' first pieces): a view, no launch,
-        when those pieces are consecutive rows (one sequence, or one piece each), else a gather."""
-        first = [j for j, piece in enumerate(self.pieces) if j == 0 or self.pieces[j - 1][2] != piece[2]]
-        if first == list(range(first[0], first[0] + len(first))):
-            return x[first[0]:first[0] + len(first)]
+        when those pieces are consecutive rows (``first_span``: one sequence, or one piece each), else a gather."""
+        if self.first_span is not None:
+            return x[self.first_span[0]:self.first_span[1]]
         return x[self.first_piece]
 
     @property
@@ -380,6 +381,7 @@ def build_plan(cu: list[int], piece_chunks: int | None, chunk_size: int, device)
         is_first=up(is_first, torch.bool), is_last=up(is_last, torch.bool), last_piece=up(last, i64),
         pass1_cu=pass1_cu, pass1_chunk_offsets=pass1_off, piece_start=piece_start, piece_end=piece_end,
         slot_src=slot_src, slot_seq=slot_seq, first_piece=up(first, i64),
+        first_span=(first[0], first[0] + N) if N and first == list(range(first[0], first[0] + N)) else None,
         piece_order=up(list(range(P)), i32), fused_chains=up(fused, i32).reshape(P, 4), **bwd, **warm,
     )
 
