@@ -59,7 +59,10 @@ CP_RULE_FORWARD = ((8, 16384), (12, 24576), (16, 28672))
 # effective chains from 5809 tokens (0.33-0.74), 11.4 chains of 5809 (0.89), 13.3 of 9932 (0.76), 16 from 8192
 # (0.71-0.86), 18.6 of 7053 (0.92-0.93), 19.1 of 13725 (0.89), 20.5 of 25556 (0.83-0.84) and 26.6 of 9932 (0.92);
 # it lost at 10.6 chains of 3157 tokens (1.01), 21.1 of 3157 (1.26), 22.9 of 5809 (1.09) and at 32+ chains
-# (1.03-1.34). Every measured case falls on its winning side.
+# (1.03-1.34). Every measured case falls on its winning side. Re-measured in session 43 with the cheaper glue of
+# sessions 40-42 (results/h200/2026-12-06_s43/call1/cp_on_vs_auto.txt, H100, cp=on against auto at the 10 h200-bwd
+# rows auto leaves off with at most 56 effective chains): CP still lost every training step (1.14-1.42) and every
+# backward measured (1.08-1.26; 9 rows), so the entries stand.
 CP_RULE_TRAINING = ((6, 4096), (12, 5120), (20, 6144), (28, 9216))
 # Where the backward takes hopper/bwd_fused (sm90, H_v == H_qk, bwd_dh auto or fused; backward.cp_dh_choice) the
 # training rule also admits up to 56 effective chains (cp.py's own bound for 128+ chunks at 132 SMs) with a sequence
