@@ -168,8 +168,9 @@ class CPPlan:
             the piece row cp_correct writes chain output s of long sequence l to in the forward (piece
             first + s: its initial state) / the backward (piece last - 1 - s: its terminal gradient), P (a
             scratch row past the pieces) where the sequence has no such piece,
-        piece_order `[P]` / bwd_pass_order `[p_hi - p_lo]` int32: the order the backward's chunk recurrences
-            dispatch the pieces (of the local reverse pass's range) in (common/bwd_h.sequence_block): token order.
+        piece_order `[P]` / bwd_pass_order `[p_hi - p_lo]` int32: the order the chunk recurrences dispatch the pieces
+            (of the local reverse pass's range) in (common/bwd_h.sequence_block; the forward's recurrences read
+            piece_order, its first P1 rows for the pass-1 range): token order.
             Longest first measured slower here (session 25: hk4_hv8 32k_2seq 1.04x), where the plain
             backward's sequences gain from it (`ChunkTable.seq_order`).
         fused_chains `[P, 4]` int32: hopper/bwd_fused's chain table, (bos, eos, first chunk row, piece) per piece,

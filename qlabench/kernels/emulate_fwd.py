@@ -8,7 +8,7 @@ are cast to them on store). Used by tests/kernels/test_forward_cp.py.
     chunk_local_cumsum(g, table, C, arch, reverse=False, out=None)   (common/cumsum.py's wrapper)
     kkt_solve_kernel(h_qk, h_v, K, C, dtype, arch)(q, k, g_cumsum, beta, chunk_bounds, A, Ag, Pm, scale)
     chunk_fwd_kernel(h_qk, h_v, K, V, BV, C, dtype, state_v_first, arch)(
-        q, k, v, g_cumsum, Ag, Pm, cu_seqlens, chunk_offsets, chunk_skip, h0, o, ht, h_out,
+        q, k, v, g_cumsum, Ag, Pm, cu_seqlens, chunk_offsets, seq_order, chunk_skip, h0, o, ht, h_out,
         scale, has_h0, store_final, store_h, has_skip)
     cp_correct(init, L, M, flag, src, out, arch)                      (common/cp_correct.py)
 
@@ -68,8 +68,8 @@ def twin_kkt_solve_kernel(h_qk: int, h_v: int, K: int, C: int, dtype: str, arch:
 
 def twin_chunk_fwd_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: str,
                           state_v_first: bool, arch: str):
-    def chunk_fwd(q, k, v, g_cumsum, Ag, Pm, cu_seqlens, chunk_offsets, chunk_skip, h0, o, ht, h_out, scale,
-                  has_h0, store_final, store_h, has_skip):
+    def chunk_fwd(q, k, v, g_cumsum, Ag, Pm, cu_seqlens, chunk_offsets, seq_order, chunk_skip, h0, o, ht, h_out,
+                  scale, has_h0, store_final, store_h, has_skip):
         n_tok = q.shape[0]
         assert all(x.shape[0] == n_tok for x in (k, v, g_cumsum, Ag, Pm, o)), "n_tok differs"
         qf, kf, vf = _expand_heads(q, h_v), _expand_heads(k, h_v), v.to(F64)
@@ -85,7 +85,9 @@ def twin_chunk_fwd_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, 
         else:
             assert chunk_skip.dim() == 2 and chunk_skip.shape[1] == h_v, "chunk_skip dummy must be [*, h_v]"
             skips = [[0] * h_v for _ in range(n_seq)]
-        for n in range(n_seq):
+        order = seq_order.tolist()[:n_seq]  # the grid's N rows read its first N entries
+        assert sorted(order) == list(range(n_seq)), "seq_order's first N entries must list every sequence once"
+        for n in order:  # the kernels' dispatch order
             bos, eos = cu[n], cu[n + 1]
             skip = torch.tensor(skips[n])  # [H]: first chunk of each head
             if has_h0 == 2:

@@ -61,7 +61,7 @@ def chunk_gated_delta_rule_fwd(
     table = chunk_table(cu_seqlens, p.seq_bounds, p.B, p.T, C, dev)
 
     sms = _sm_count(dev)
-    BV = forward_value_tile(chain_chunks(p.seq_bounds, p.N, C), p.h_v, sms, arch, p.V,
+    BV = forward_value_tile(sorted(chain_chunks(p.seq_bounds, p.N, C), reverse=True), p.h_v, sms, arch, p.V,
                             None if options is None else options.fwd_kernel)
     chunk_fwd_kernel = recurrence_kernel((p.V // BV) * p.N * p.h_v, sms, arch,
                                          None if options is None else options.fwd_kernel, BV)
@@ -81,8 +81,9 @@ def chunk_gated_delta_rule_fwd(
     o = torch.empty(BT, p.h_v, p.V, dtype=q.dtype, device=dev)
     kernel = chunk_fwd_kernel(p.h_qk, p.h_v, p.K, p.V, BV, C, dtype, state_v_first, arch.name)
     no_skip = torch.empty(1, p.h_v, dtype=torch.int32, device=dev)  # has_skip = 0: never read
-    kernel(q2, k2, v2, g_cumsum, Ag, Ag if Pm is None else Pm, table.cu_seqlens, table.chunk_offsets, no_skip, h0, o, ht, h,
-           p.scale, int(has_h0), int(bool(output_final_state)), int(bool(output_h)), 0)
+    # the blocks run the sequences longest chain first (table.seq_order), as the V tile's makespan assumes
+    kernel(q2, k2, v2, g_cumsum, Ag, Ag if Pm is None else Pm, table.cu_seqlens, table.chunk_offsets, table.seq_order,
+           no_skip, h0, o, ht, h, p.scale, int(has_h0), int(bool(output_final_state)), int(bool(output_h)), 0)
     out = (
         g_cumsum.reshape(p.B, p.T, p.h_v),
         None if A is None else A.reshape(p.B, p.T, p.h_v, C),

@@ -213,8 +213,8 @@ def _fwd_cp(q, k, v, g, beta, p, initial_state, cu_seqlens, output_final_state, 
     ht_pieces = torch.empty((plan.n_pieces if output_final_state else 1,) + state, dtype=sdt, device=dev)
     no_skip = torch.empty(1, H, dtype=torch.int32, device=dev)  # has_skip = 0: never read
     kernel = _recurrence(kernels, plan.pieces, p, C, dtype, state_v_first, arch, sms)
-    kernel(q2, k2, v2, g_cumsum, Ag, Pm, plan.cu_pieces, plan.chunk_offsets, no_skip, h0_pieces, o, ht_pieces,
-           h_dummy, p.scale, 1, int(bool(output_final_state)), 0, 0)
+    kernel(q2, k2, v2, g_cumsum, Ag, Pm, plan.cu_pieces, plan.chunk_offsets, plan.piece_order, no_skip, h0_pieces, o,
+           ht_pieces, h_dummy, p.scale, 1, int(bool(output_final_state)), 0, 0)
     final = ht_pieces[plan.last_piece] if output_final_state else None
     out = (
         g_cumsum.reshape(p.B, p.T, H),
@@ -346,7 +346,8 @@ def piece_initial_states(p, plan, state_v_first, q2, k2, v2, g_cumsum, Ag, Pm, u
         tok_hi = plan.pieces[hi - 1][1]
         views = [x[:tok_hi] for x in (q2, k2, v2, g_cumsum, Ag, Pm)]
         kernel1 = _recurrence(kernels, plan.pieces[lo:hi], p, C, dtype, state_v_first, arch, sms)
-        rng = (plan.pass1_cu, plan.pass1_chunk_offsets)
+        # pieces in token order: piece_order is the identity, its first P1 rows serve this range's launch
+        rng = (plan.pass1_cu, plan.pass1_chunk_offsets, plan.piece_order)
         # (b) warm-up tables, then the local pass: S_loc of every (piece, head) from zero over its
         # warm-up window (the whole piece for fallback heads).
         skip_local, skip_m, flag = (kernels.tables or warmup_tables)(plan, g_cumsum, decay_threshold, arch.name)

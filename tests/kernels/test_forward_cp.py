@@ -183,7 +183,7 @@ def _counting_kernels(calls: list, launches: list | None = None):
             def launch(*args):
                 calls.append(args[6].numel() - 1)  # pieces in the launch
                 if launches is not None:  # (pieces, chunk_skip or None)
-                    launches.append((args[6].numel() - 1, args[8].clone() if args[-1] else None))
+                    launches.append((args[6].numel() - 1, args[9].clone() if args[-1] else None))
                 return kernel(*args)
             return launch
         return factory
@@ -347,7 +347,7 @@ def test_twin_chunk_skip_semantics():
     h_out = torch.full((table.n_chunks_max, H, 16, 16), 7.0, dtype=F64)
     ht = torch.empty(3, H, 16, 16, dtype=F64)
     kernel = twin_chunk_fwd_kernel(1, H, 16, 16, 16, C, "float64", False, "sm90")
-    kernel(q2, k2, v2, gc, Ag, Pm, cu_t, table.chunk_offsets, skip, h0, o, ht, h_out, scale, 1, 1, 1, 1)
+    kernel(q2, k2, v2, gc, Ag, Pm, cu_t, table.chunk_offsets, table.seq_order, skip, h0, o, ht, h_out, scale, 1, 1, 1, 1)
     offsets = table.chunk_offsets.tolist()
     for n, (bos, eos) in enumerate(itertools.pairwise(cu)):
         n_chunks = -(-(eos - bos) // C)
@@ -371,10 +371,10 @@ def test_twin_chunk_skip_semantics():
     # has_skip = 0 with a [1, H] dummy: every chunk runs (equal to skip 0 everywhere)
     o2, ht2 = torch.empty_like(o), torch.empty_like(ht)
     dummy = torch.full((1, H), 5, dtype=torch.int32)
-    kernel(q2, k2, v2, gc, Ag, Pm, cu_t, table.chunk_offsets, dummy, h0, o2, ht2, h_out, scale, 1, 1, 0, 0)
+    kernel(q2, k2, v2, gc, Ag, Pm, cu_t, table.chunk_offsets, table.seq_order, dummy, h0, o2, ht2, h_out, scale, 1, 1, 0, 0)
     o3, ht3 = torch.empty_like(o), torch.empty_like(ht)
     zeros = torch.zeros(3, H, dtype=torch.int32)
-    kernel(q2, k2, v2, gc, Ag, Pm, cu_t, table.chunk_offsets, zeros, h0, o3, ht3, h_out, scale, 1, 1, 0, 1)
+    kernel(q2, k2, v2, gc, Ag, Pm, cu_t, table.chunk_offsets, table.seq_order, zeros, h0, o3, ht3, h_out, scale, 1, 1, 0, 1)
     assert torch.equal(o2, o3) and torch.equal(ht2, ht3)
 
 

@@ -125,7 +125,8 @@ def test_cp_1x32768(h_qk, h_v, gate):
 def test_chunk_skip_matches_the_twin(variant, state_v_first):
     """The recurrence kernel's chunk_skip / has_skip against its float64 twin on the same bf16 inputs:
     per-(sequence, head) first chunks (0, inside, past the end), o / h rows of skipped chunks
-    untouched, h rows at their chunk index, final states; has_skip = 0 with a [1, H] dummy = no skip."""
+    untouched, h rows at their chunk index, final states, with the grid rows in a scrambled order (seq_order);
+    has_skip = 0 with a [1, H] dummy = no skip."""
     from qlabench.kernels.common.chunks import build_chunk_table
     from qlabench.kernels.common.cumsum import chunk_local_cumsum
     from qlabench.kernels.dispatch import arch_for_device, kernel_factory
@@ -151,9 +152,10 @@ def test_chunk_skip_matches_the_twin(variant, state_v_first):
     n_h = int(table.n_chunks_max)
     kernel = kernel_factory(arch, variant)(2, H, 128, 128, 32, C, "bfloat16", state_v_first, arch.name)
     twin = twin_chunk_fwd_kernel(2, H, 128, 128, 32, C, "bfloat16", state_v_first, arch.name)
+    order = torch.tensor([2, 0, 3, 1], dtype=torch.int32, device=dev)  # any dispatch order gives the same result
     outs = {}
     for name, fn, where in (("dev", kernel, dev), ("twin", twin, "cpu")):
-        args = [x.to(where) for x in (q2, k2, v2, gc, Ag, Pm, cu_t, table.chunk_offsets, skip, h0)]
+        args = [x.to(where) for x in (q2, k2, v2, gc, Ag, Pm, cu_t, table.chunk_offsets, order, skip, h0)]
         o = torch.full((T, H, 128), 7.0, dtype=torch.bfloat16, device=where)
         ht = torch.empty(4, H, 128, 128, dtype=torch.float32, device=where)
         h = torch.full((n_h, H, 128, 128), 7.0, dtype=torch.bfloat16, device=where)
@@ -168,7 +170,7 @@ def test_chunk_skip_matches_the_twin(variant, state_v_first):
     # has_skip = 0: a [1, H] dummy is never read, every chunk runs (= skip 0 everywhere)
     o1, o2 = (torch.empty(T, H, 128, dtype=torch.bfloat16, device=dev) for _ in range(2))
     ht1, ht2 = (torch.empty(4, H, 128, 128, device=dev) for _ in range(2))
-    common = (q2, k2, v2, gc, Ag, Pm, cu_t, table.chunk_offsets)
+    common = (q2, k2, v2, gc, Ag, Pm, cu_t, table.chunk_offsets, table.seq_order)
     h_unused = torch.empty(1, H, 128, 128, dtype=torch.bfloat16, device=dev)  # store_h = 0
     kernel(*common, torch.full((1, H), 9, dtype=torch.int32, device=dev), h0, o1, ht1, h_unused, scale, 1, 1, 0, 0)
     kernel(*common, torch.zeros(4, H, dtype=torch.int32, device=dev), h0, o2, ht2, h_unused, scale, 1, 1, 0, 1)

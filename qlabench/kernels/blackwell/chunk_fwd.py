@@ -38,8 +38,8 @@ V tiles narrower than 64 (BV = 32, which forward.py picks for small grids): Tile
 [0, V) and contains its own BV columns (window start min(iv BV, V - 64)), and stores only its own
 columns of o, h and the final state. Columns are independent, so the result is exact; the cost is
 twice the tensor-core work per block on grids that are small anyway.
-Grid: (V / BV, N * H_v). Threads: 128 (one warpgroup: it issues the MMAs from one elected thread of
-its first warp and reads the accumulators back from tensor memory, lanes split by warp) + 128 producer
+Grid: (V / BV, N * H_v), grid row r running sequence seq_order[r] (longest chain first, as on hopper).
+Threads: 128 (one warpgroup: it issues the MMAs from one elected thread of its first warp and reads the accumulators back from tensor memory, lanes split by warp) + 128 producer
 threads in the pipelined variant.
 Tensor memory: five fp32 accumulators; TileLang allocates the columns per buffer (BV <= 64: 64 for
 K^T Vr + 4 x 32 for the 64-row ones; BV = 128: 128 + 4 x 64 = 384 of 512).
@@ -78,7 +78,7 @@ def chunk_fwd_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype
                      arch: str, pipelined: bool = False):
     """Compiled forward for one head configuration (same arguments as hopper's ``chunk_fwd_kernel``).
 
-    Kernel arguments: (q, k, v, g_cumsum, Ag, Pm, cu_seqlens, chunk_offsets, chunk_skip, h0, o, ht,
+    Kernel arguments: (q, k, v, g_cumsum, Ag, Pm, cu_seqlens, chunk_offsets, seq_order, chunk_skip, h0, o, ht,
     h_out, scale, has_h0, store_final, store_h, has_skip)."""
     name = "chunk_fwd_pipelined" if pipelined else "chunk_fwd"
     if C != 64 or K != 128:
@@ -98,6 +98,7 @@ def chunk_fwd_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype
     n_ht = T.dynamic("n_ht")
     n_hc = T.dynamic("n_hc")
     n_skip = T.dynamic("n_skip")
+    n_ord = T.dynamic("n_ord")
     state_shape = (h_v, V, K) if state_v_first else (h_v, K, V)
 
     def own(lo, j):
@@ -127,6 +128,7 @@ def chunk_fwd_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype
         Pm: T.Tensor((n_tok, h_v, C), dtype),
         cu_seqlens: T.Tensor((n_cu,), "int32"),
         chunk_offsets: T.Tensor((n_cu,), "int32"),
+        seq_order: T.Tensor((n_ord,), "int32"),
         chunk_skip: T.Tensor((n_skip, h_v), "int32"),
         h0: T.Tensor((n_h0,) + state_shape, "float32"),
         o: T.Tensor((n_tok, h_v, V), dtype),
@@ -162,7 +164,7 @@ def chunk_fwd_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype
             PV_f = T.alloc_fragment((C, MW), "float32")
             gam_last = T.alloc_var("float32")
 
-            n = nh // h_v
+            n = seq_order[nh // h_v]
             h = nh % h_v
             hk = h // group
             v0 = T.min(iv * BV, V - MW)  # first column of the computed window

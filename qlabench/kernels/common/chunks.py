@@ -51,8 +51,8 @@ class ChunkTable:
         chunk_bounds: `[NCmax, 2]` int32 (start token, end token) of every chunk; unused rows 0, 0.
         n_chunks_max: the launch bound NCmax.
         seq_order: `[N]` int32, the sequences longest first (ties in order): the chunk recurrences of the
-            backward dispatch their blocks in this order (common/bwd_h.sequence_block), so the longest
-            chains start first.
+            forward and the backward dispatch their blocks in this order (common/bwd_h.sequence_block, the
+            forward kernels' grid rows), so the longest chains start first.
         tokens_end: host value of cu_seqlens[-1] (where the padding tail starts), or None when the
             table was built from device values only.
     """

@@ -24,7 +24,8 @@ sequence, or the padding tail) are kept out of the result by selects, never by m
     registers per thread it holds one block per SM all the same (ncu: 12.5% occupancy). Slower on
     every grid measured (results/h200/NOTES.md: 1x32768 hk16_hv64, 512 blocks: whole forward 5.09 ms
     vs 3.60 ms pipelined); kept as the A/B baseline (QLABENCH_FWD_KERNEL=simple).
-Grid: (V / BV, N * H_v). Threads: 256 (two warpgroups doing every step in order, splitting each GEMM
+Grid: (V / BV, N * H_v); grid row r = nh // H_v runs sequence seq_order[r] (the host's dispatch order, longest chain
+first: with one block per SM the long chains start first and the short ones fill in behind them). Threads: 256 (two warpgroups doing every step in order, splitting each GEMM
 along N and the elementwise work) + TileLang's producer warps in the pipelined variant (512 threads per
 block as launched; ncu at 1x32768 hk16_hv16: 106 registers, 128 KB dynamic shared memory, 25% occupancy).
 GEMMs per chunk (wgmma, smem operands, fp32 accumulate): K S 64xBVx128, Ag W 64xBVx64,
@@ -58,10 +59,11 @@ def chunk_fwd_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype
     """Compiled forward for one head configuration; scale and the h0 / final-state / h / chunk-skip
     switches are runtime arguments so that one binary serves every call of the configuration.
 
-    Kernel arguments: (q, k, v, g_cumsum, Ag, Pm, cu_seqlens, chunk_offsets, chunk_skip, h0, o, ht,
-    h_out, scale, has_h0, store_final, store_h, has_skip); chunk_skip `[n_skip, H_v]` int32 (any
-    n_skip >= 1 when has_skip == 0, else one row per sequence of cu_seqlens); has_h0: 0 (zero start), 1
-    (h0), 2 (the transition mode of the CP transition pass: identity start, V read as zero, h0 not read;
+    Kernel arguments: (q, k, v, g_cumsum, Ag, Pm, cu_seqlens, chunk_offsets, seq_order, chunk_skip, h0, o, ht,
+    h_out, scale, has_h0, store_final, store_h, has_skip); seq_order `[>= N]` int32: grid row r < N runs
+    sequence seq_order[r] (the dispatch order: longest first on the plain path, `ChunkTable.seq_order`); chunk_skip
+    `[n_skip, H_v]` int32 (any n_skip >= 1 when has_skip == 0, else one row per sequence of cu_seqlens); has_h0:
+    0 (zero start), 1 (h0), 2 (the transition mode of the CP transition pass: identity start, V read as zero, h0 not read;
     every recurrence kernel has it)."""
     name = "chunk_fwd_pipelined" if pipelined else "chunk_fwd"
 
@@ -74,6 +76,7 @@ def chunk_fwd_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype
     n_ht = T.dynamic("n_ht")
     n_hc = T.dynamic("n_hc")
     n_skip = T.dynamic("n_skip")
+    n_ord = T.dynamic("n_ord")
     state_shape = (h_v, V, K) if state_v_first else (h_v, K, V)
 
     def chunk_fwd(
@@ -85,6 +88,7 @@ def chunk_fwd_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype
         Pm: T.Tensor((n_tok, h_v, C), dtype),
         cu_seqlens: T.Tensor((n_cu,), "int32"),
         chunk_offsets: T.Tensor((n_cu,), "int32"),
+        seq_order: T.Tensor((n_ord,), "int32"),
         chunk_skip: T.Tensor((n_skip, h_v), "int32"),
         h0: T.Tensor((n_h0,) + state_shape, "float32"),
         o: T.Tensor((n_tok, h_v, V), dtype),
@@ -112,7 +116,7 @@ def chunk_fwd_kernel(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype
             O_f = T.alloc_fragment((C, BV), "float32")
             gam_last = T.alloc_var("float32")
 
-            n = nh // h_v
+            n = seq_order[nh // h_v]
             h = nh % h_v
             hk = h // group
             v0 = iv * BV

@@ -5,7 +5,7 @@ Built per compile-time configuration by ``roles(C, K, BV, dtype, state_v_first)`
 that inline where the kernel calls them (the generated code is the same as with the bodies written in
 place):
   * handoff_vd: the state's Vd and r-scaled Vr from its accumulator into their hand-off tiles.
-  * block_run: the block's sequence n, v-head h, qk-head hk, first V column v0, tokens [bos, eos), the
+  * block_run: the block's sequence n (seq_order[row]: the host's dispatch order, longest first), v-head h, qk-head hk, first V column v0, tokens [bos, eos), the
     chunks it skips (chunk_skip, has_skip) and runs (n_run, in n_pairs ring pairs).
   * produce: the TMA producer's step for chunk c into ring slot c % 2: wait empty[slot], TMA K, V, Ag
     (the state chain's inputs) on full[slot] and Q, Pm (the output's) on full_o[slot], the chunk's gam
@@ -64,8 +64,8 @@ def roles(C: int, K: int, BV: int, dtype: str, state_v_first: bool, pm_on_chip: 
         T.copy(U_f, Vr_s)
 
     @T.macro
-    def block_run(cu_seqlens, chunk_skip, has_skip, iv, nh, h_v: int, group: int):
-        n = nh // h_v
+    def block_run(cu_seqlens, seq_order, chunk_skip, has_skip, iv, nh, h_v: int, group: int):
+        n = seq_order[nh // h_v]
         h = nh % h_v
         hk = h // group
         v0 = iv * BV

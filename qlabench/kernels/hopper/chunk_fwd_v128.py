@@ -86,6 +86,7 @@ def _chunk_fwd_v128(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, sta
     n_ht = T.dynamic("n_ht")
     n_hc = T.dynamic("n_hc")
     n_skip = T.dynamic("n_skip")
+    n_ord = T.dynamic("n_ord")
     state_shape = (h_v, V, K) if state_v_first else (h_v, K, V)
 
     R = roles(C, K, BV, dtype, state_v_first, pm_on_chip=True)
@@ -163,6 +164,7 @@ def _chunk_fwd_v128(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, sta
         Pm: T.Tensor((n_tok, h_v, C), dtype),
         cu_seqlens: T.Tensor((n_cu,), "int32"),
         chunk_offsets: T.Tensor((n_cu,), "int32"),
+        seq_order: T.Tensor((n_ord,), "int32"),
         chunk_skip: T.Tensor((n_skip, h_v), "int32"),
         h0: T.Tensor((n_h0,) + state_shape, "float32"),
         o: T.Tensor((n_tok, h_v, V), dtype),
@@ -204,8 +206,8 @@ def _chunk_fwd_v128(h_qk: int, h_v: int, K: int, V: int, C: int, dtype: str, sta
 
             tx = T.get_thread_binding()
             ring0, ring1 = (Q0, K0, V0, A0, P0, G0), (Q1, K1, V1, A1, P1, G1)
-            n, h, hk, v0, bos, eos, skip, n_run, n_pairs = R.block_run(cu_seqlens, chunk_skip, has_skip, iv, nh,
-                                                                       h_v, group)
+            n, h, hk, v0, bos, eos, skip, n_run, n_pairs = R.block_run(cu_seqlens, seq_order, chunk_skip, has_skip,
+                                                                       iv, nh, h_v, group)
             if tx < 128:
                 T.set_max_nreg(NREG_PRODUCER, 0)
                 R.producer_role(n_pairs, n_run, bos, eos, skip, h, hk, v0, tx, q, k, v, g_cumsum, Ag, Pm, ring0,

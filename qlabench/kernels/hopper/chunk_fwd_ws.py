@@ -15,8 +15,8 @@ token, e = exp(gam), r = exp(gam_C - gam), S is K x BV fp32, Ag and Pm from kkt_
     S  = exp(gam_C) S + K^T diag(r) Vd
 
 Same kernel signature and grid as chunk_fwd.py: (q, k, v, g_cumsum, Ag, Pm, cu_seqlens, chunk_offsets,
-chunk_skip, h0, o, ht, h_out, scale, has_h0, store_final, store_h, has_skip); grid (V / BV, N * H_v),
-one block per (sequence, v-head, V tile). Rows past the sequence end (next sequence or padding tail,
+seq_order, chunk_skip, h0, o, ht, h_out, scale, has_h0, store_final, store_h, has_skip); grid (V / BV, N * H_v),
+one block per (sequence, v-head, V tile), grid row r running sequence seq_order[r] (longest chain first). Rows past the sequence end (next sequence or padding tail,
 loaded whole by TMA) are kept out by selects, never by multiplying with zero, and K's padded rows are
 zeroed before K^T Vr, so non-finite data there cannot leak in. The last sequence's block zero-fills o
 on the padding tail after cu_seqlens[-1]. Chunk skip as in chunk_fwd.py.
@@ -141,6 +141,7 @@ def _chunk_fwd_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: s
     n_ht = T.dynamic("n_ht")
     n_hc = T.dynamic("n_hc")
     n_skip = T.dynamic("n_skip")
+    n_ord = T.dynamic("n_ord")
     state_shape = (h_v, V, K) if state_v_first else (h_v, K, V)
 
     R = roles(C, K, BV, dtype, state_v_first)  # the shared macros (hopper/chunk_fwd_roles.py)
@@ -192,6 +193,7 @@ def _chunk_fwd_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: s
         Pm: T.Tensor((n_tok, h_v, C), dtype),
         cu_seqlens: T.Tensor((n_cu,), "int32"),
         chunk_offsets: T.Tensor((n_cu,), "int32"),
+        seq_order: T.Tensor((n_ord,), "int32"),
         chunk_skip: T.Tensor((n_skip, h_v), "int32"),
         h0: T.Tensor((n_h0,) + state_shape, "float32"),
         o: T.Tensor((n_tok, h_v, V), dtype),
@@ -239,8 +241,8 @@ def _chunk_fwd_ws(h_qk: int, h_v: int, K: int, V: int, BV: int, C: int, dtype: s
 
             tx = T.get_thread_binding()
             ring0, ring1 = (Q0, K0, V0, A0, P0, G0), (Q1, K1, V1, A1, P1, G1)
-            n, h, hk, v0, bos, eos, skip, n_run, n_pairs = R.block_run(cu_seqlens, chunk_skip, has_skip, iv, nh,
-                                                                       h_v, group)
+            n, h, hk, v0, bos, eos, skip, n_run, n_pairs = R.block_run(cu_seqlens, seq_order, chunk_skip, has_skip,
+                                                                       iv, nh, h_v, group)
 
             if tx < 128:
                 T.set_max_nreg(NREG_PRODUCER, 0)
