@@ -190,9 +190,13 @@ def test_gate_merges_several_current_files(tmp_path):
     peers = _write(tmp_path, "peers.json", _doc([_row("fla", 3.0), _row("fla", 1.5, pattern="1x8192")]))
     r = _gate(ours, peers, "--min-speedup", "qla/fla=2.5")
     assert r.exit_code == 0, r.output
-    assert "geomean 3.00x over 2 cases" in r.output
+    assert "geomean 3.000x over 2 cases" in r.output
     r = _gate(ours, peers, "--min-speedup", "qla/fla=3.5")
-    assert r.exit_code == 1 and "geomean 3.00x" in r.output
+    assert r.exit_code == 1 and "geomean 3.000x" in r.output
+    # a geomean just under the line is printed with the digit that shows it (2.997x, not 3.00x) and fails
+    close = _write(tmp_path, "close.json", _doc([_row("fla", 2.9966), _row("fla", 1.4983, pattern="1x8192")]))
+    r = _gate(ours, close, "--min-speedup", "qla/fla=3")
+    assert r.exit_code == 1 and "geomean 2.997x" in r.output, r.output
     r = _gate(ours, "--min-speedup", "qla/fla=2.5")  # one file: the peer is not there
     assert r.exit_code == 2 and "'fla' is not in" in r.output
     other = _write(tmp_path, "b200.json", _doc([_row("fla", 3.0)], gpu="NVIDIA B200"))

@@ -266,6 +266,11 @@ def fmt_x(x: float | None) -> str:
     return MISSING if x is None else f"{x:.2f}x"
 
 
+def fmt_geomean(x: float | None) -> str:
+    """A summary's geomean to three places: criteria are set on it (2.9966 must not read as 3.00x)."""
+    return MISSING if x is None else f"{x:.3f}x"
+
+
 def fmt_tflops(x: float | None) -> str:
     return MISSING if x is None else f"{x:.1f}"
 
@@ -469,7 +474,7 @@ def render_markdown(report: Report, plots: dict[str, list[str]] | None = None) -
                             s.group,
                             s.peer,
                             str(s.n),
-                            fmt_x(s.geomean),
+                            fmt_geomean(s.geomean),
                             f"{fmt_x(s.ci_low)} - {fmt_x(s.ci_high)}" if s.ci_low is not None else MISSING,
                             f"{fmt_x(s.worst)} ({s.worst_case})" if s.worst is not None else MISSING,
                             f"{fmt_x(s.best)} ({s.best_case})" if s.best is not None else MISSING,
@@ -574,7 +579,7 @@ def render_html(report: Report) -> str:
                 ci = f"{fmt_x(s.ci_low)} - {fmt_x(s.ci_high)}" if s.ci_low is not None else MISSING
                 out.append(
                     f"<tr><td class='l'>{e(s.group)}</td><td class='l'>{e(s.peer)}</td><td>{s.n}</td>"
-                    f"<td>{fmt_x(s.geomean)}</td><td>{ci}</td><td>{fmt_x(s.worst)}</td><td>{fmt_x(s.best)}</td></tr>"
+                    f"<td>{fmt_geomean(s.geomean)}</td><td>{ci}</td><td>{fmt_x(s.worst)}</td><td>{fmt_x(s.best)}</td></tr>"
                 )
             out.append("</table>")
     out += accuracy.html_lines(report.accuracy)
