@@ -41,6 +41,7 @@ from qlabench.report.frame import (
     default_subject,
 )
 from qlabench.report.summary import geomean
+from qlabench.report.tables import fmt_geomean
 
 MATCH_KEY = R.KEY_FIELDS
 VERDICTS = ("FASTER", "SLOWER", "SAME", "NOISY")
@@ -339,7 +340,7 @@ def gate(
         worst_i = int(pd.Series(ratios).idxmin())
         worst = both.iloc[worst_i]
         where = f"worst {ratios[worst_i]:.2f}x at {worst['phase']} {worst['preset_s']} {worst['pattern']}"
-        text = f"--min-speedup {req}: geomean {g:.3f}x over {len(ratios)} cases ({where})"  # 3 places: 2.997 is not 3
+        text = f"--min-speedup {req}: geomean {fmt_geomean(g)} over {len(ratios)} cases ({where})"
         (result.checks if g >= req.ratio else result.failures).append(text)
 
     # Secondary gate: absolute times against a baseline of the same GPU model.
