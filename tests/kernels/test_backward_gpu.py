@@ -237,3 +237,29 @@ def test_each_kernel_matches_its_twin(h_qk, h_v, bv, monkeypatch):
         inp["cu_seqlens"], False, 64, {name: wrap(name) for name in gpu})
     bad = {n: e for n, e in errs.items() if not e <= 1e-2}
     assert not bad, f"kernel vs twin rel-L2 over 1e-2: {bad} (all: {errs})"
+
+
+@pytest.mark.parametrize("h_qk,h_v", [(2, 4), (16, 32)], ids=["H2-HV4", "H16-HV32"])
+def test_factors_kernel_matches_the_full_prepare(h_qk, h_v):
+    """bwd_prepare's factors-only variant ("none": one block per chunk over every v-head, what the API's backward
+    launches after its own forward) stores the full kernel's factor table bit for bit, partial chunks and the
+    padding tail included."""
+    from qlabench.kernels.common.chunks import build_chunk_table
+
+    cu, T = _varlen([1, 33, 63, 64, 65, 150, 300], tail=9)
+    inp = make_inputs(T, h_qk, h_v, cu_seqlens=cu, gate="qwen")
+    g_cumsum, A = forward_for_backward(inp)
+    table = build_chunk_table(inp["cu_seqlens"], T, 64)
+    args = [inp["q"].reshape(T, h_qk, 128), inp["k"].reshape(T, h_qk, 128), g_cumsum.reshape(T, h_v),
+            inp["beta"].reshape(T, h_v), A.reshape(T, h_v, 64), table.chunk_bounds]
+    facs = []
+    for prepare in ("pg_ag", "none"):
+        kernel = backward.compile_backward_kernels(h_qk, h_v, target="sm90", prepare=prepare)["bwd_prepare"]
+        Pg, Ag = (torch.zeros(T, h_v, 64, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+        fac = torch.full((table.n_chunks_max, h_v, 3, 64), float("nan"), device="cuda")
+        kernel(*args, Pg, Ag, fac, 128**-0.5)
+        facs.append(fac)
+    real = table.chunk_bounds[:, 1] > table.chunk_bounds[:, 0]
+    assert real.sum() == sum(-(-n // 64) for n in [1, 33, 63, 64, 65, 150, 300])
+    assert not torch.isnan(facs[0][real]).any()
+    assert torch.equal(facs[1][real], facs[0][real])
