@@ -10,7 +10,7 @@ memset of the tail rows). The math of each kernel, step for step, is in ``emulat
                                          forward (KernelOptions.bwd_masks = forward) Ag and Pg are
                                          kkt_solve's Ag and Pm, kept from it (`forward.KktMasks`), and on
                                          sm90 bwd_prepare forms only what is missing: the factors alone
-                                         (one C-thread block per (chunk, v-head)), or Pg and the factors
+                                         (one block per chunk over every v-head), or Pg and the factors
                                          where the BV-128 recurrence formed Pm on chip
     bwd_h        grid (V / BV, N * H_v)  forward over chunks: h (state at every chunk start) and
                                          nothing else; on sm90 ``hopper/bwd_h_ws.py`` (warp-
