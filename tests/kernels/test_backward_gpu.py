@@ -242,8 +242,8 @@ def test_each_kernel_matches_its_twin(h_qk, h_v, bv, monkeypatch):
 @pytest.mark.parametrize("h_qk,h_v", [(2, 4), (16, 32)], ids=["H2-HV4", "H16-HV32"])
 def test_factors_kernel_matches_the_full_prepare(h_qk, h_v):
     """bwd_prepare's factors-only variant ("none": one block per chunk over every v-head, what the API's backward
-    launches after its own forward) stores the full kernel's factor table bit for bit, partial chunks and the
-    padding tail included."""
+    launches after its own forward) stores the full kernel's factor table bit for bit, partial chunks included (their
+    rows past the end, the next sequence's or the padding tail's, read clamped or zeroed)."""
     from qlabench.kernels.common.chunks import build_chunk_table
 
     cu, T = _varlen([1, 33, 63, 64, 65, 150, 300], tail=9)

@@ -16,8 +16,8 @@ Variants (``masks``, compile-time): "pg_ag" forms both (the low-level backward, 
 after the API's own forward its kkt_solve already wrote Ag and (unless the BV-128 recurrence formed it on
 chip) Pm = Pg, kept for the backward (forward.KktMasks, KernelOptions.bwd_masks = forward), so "pg" forms
 Pg and the factors only (no A load, no Ag), and "none" the factors only, by a separate small kernel (one
-block per chunk over every v-head, `_factors_kernel`: the gate loads and three exponentials per row). Same arguments in
-every variant; the outputs a variant does not form are never written.
+block per chunk over every v-head, `_factors_kernel`: the gate loads and three exponentials per row). Same
+arguments in every variant; the outputs a variant does not form are never written.
 Rows past the chunk end (the next sequence, or the padding tail) are loaded unmasked but never
 stored; inside the stored rows the columns past the end are cut by the causal select j <= i
 (a select, so non-finite data there cannot leak in).
@@ -151,8 +151,10 @@ def _factors_kernel(h_qk: int, h_v: int, C: int, dtype: str, arch: str):
     arguments of the full kernel; q, k, A, Pg_out, Ag_out are never touched). The gates g_cumsum[t, h] and
     beta[t, h] are read along h, the token rows' contiguous axis, into a C x (H_v + 1) staging tile (the padding
     column keeps the column-wise reads below conflict-free), and each v-head's factor rows are stored along the
-    chunk, their contiguous axis. (Until session 46 one block of C threads per (chunk, v-head) read one gate per
-    32-byte sector: H100, h200-bwd, 2.1-8.7 us per backward, 20 us at hk16_hv32 32k.)"""
+    chunk, their contiguous axis. Shared memory: 2 x C x (H_v + 1) x 4 bytes (33 KB at H_v = 64). (Until session
+    46 one block of C threads per (chunk, v-head) read one gate per 32-byte sector: H100, h200-bwd, 2.1-8.7 us
+    per backward, 20 us at hk16_hv32 32k; this kernel 0.999x the backward's time, hk16_hv32 0.9955x,
+    results/h200/2026-12-06_s46/.)"""
     n_tok = T.dynamic("n_tok")
     n_chunks = T.dynamic("n_chunks")
     K = 128
