@@ -246,7 +246,8 @@ def test_factors_kernel_matches_the_full_prepare(h_qk, h_v):
     rows past the end, the next sequence's or the padding tail's, read clamped or zeroed)."""
     from qlabench.kernels.common.chunks import build_chunk_table
 
-    cu, T = _varlen([1, 33, 63, 64, 65, 150, 300], tail=9)
+    lengths = [1, 33, 63, 64, 65, 150, 300]
+    cu, T = _varlen(lengths, tail=9)
     inp = make_inputs(T, h_qk, h_v, cu_seqlens=cu, gate="qwen")
     g_cumsum, A = forward_for_backward(inp)
     table = build_chunk_table(inp["cu_seqlens"], T, 64)
@@ -260,6 +261,6 @@ def test_factors_kernel_matches_the_full_prepare(h_qk, h_v):
         kernel(*args, Pg, Ag, fac, 128**-0.5)
         facs.append(fac)
     real = table.chunk_bounds[:, 1] > table.chunk_bounds[:, 0]
-    assert real.sum() == sum(-(-n // 64) for n in [1, 33, 63, 64, 65, 150, 300])
+    assert real.sum() == sum(-(-n // 64) for n in lengths)
     assert not torch.isnan(facs[0][real]).any()
     assert torch.equal(facs[1][real], facs[0][real])
