@@ -112,10 +112,13 @@ def backward_kernels(h_qk: int, h_v: int, arch: str, dtype: str = "bfloat16") ->
         from .backward import compile_backward_kernels, fused_fits, prepare_variants, value_tiles
     except ImportError:
         return []
+    from .common.cp_rows import dht_rows_kernel
     from .common.cumsum import chunk_local_cumsum_kernel
 
     jobs = [("chunk_local_cumsum_reverse", f"H={h_v} C={a.chunk_size}",
-             lambda: chunk_local_cumsum_kernel(h_v, a.chunk_size, True, a.name))]
+             lambda: chunk_local_cumsum_kernel(h_v, a.chunk_size, True, a.name)),
+            # the CP backward's piece terminal-gradient rows (backward_cp._reverse_passes)
+            ("cp_dht_rows", f"H={h_v}", lambda: dht_rows_kernel(h_v, HEAD_DIM, HEAD_DIM, a.name))]
     # one kernel set serves both state layouts (the host transposes the per-sequence states); the
     # variants follow the heads as in the API (backward._kernels: bwd_chunk/bwd_intra's dq, dk in dtype when
     # h_v == h_qk, fp32 with GQA). The API picks the V tile of bwd_h / bwd_dh from its grid

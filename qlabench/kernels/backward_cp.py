@@ -102,6 +102,7 @@ import torch
 
 from .common.chunks import chunk_table, f32_buffers
 from .common.cp_correct import cp_correct
+from .common.cp_rows import dht_rows, dht_rows_torch
 from .common.cp_tables import cp_tables
 from .cp import CPPlan, plan_cp
 from .forward_cp import (
@@ -125,13 +126,16 @@ class BackwardCPKernels:
     fwd: forward_cp's `ForwardKernels` (``recurrence`` and ``correct``: the S_in recompute), or None
     when the piece initial states are always passed in;
     tables: common/cp_tables.cp_tables (its ``direction="backward"`` form gives the local pass's chunk_skip
-    in one launch), or None: `local_skips`, its torch form, which the twins use.
+    in one launch), or None: `local_skips`, its torch form, which the twins use;
+    rows: common/cp_rows.dht_rows (the pieces' terminal-gradient rows in one launch), or None: its torch form
+    (`cp_rows.dht_rows_torch`, a fill and an index copy), which the twins use.
     """
 
     bwd: dict
     correct: Callable
     fwd: ForwardKernels | None = None
     tables: Callable | None = None
+    rows: Callable | None = None
 
 
 def chunk_gated_delta_rule_bwd_cp(
@@ -184,7 +188,7 @@ def chunk_gated_delta_rule_bwd_cp(
     prepare, masks = backward._prepare_masks(arch.name, masks)
     kernels = BackwardCPKernels(backward._kernels(p.h_qk, p.h_v, backward._DTYPE_NAMES[q.dtype], arch.name, bv,
                                                   bwd_dh, prepare), cp_correct,
-                                _device_kernels(arch, fwd_kernel) if h0_pieces is None else None, cp_tables)
+                                _device_kernels(arch, fwd_kernel) if h0_pieces is None else None, cp_tables, dht_rows)
     return _bwd_cp(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, state_v_first, plan,
                    decay_threshold, transition, h0_pieces, kernels, arch, sms, transitions, masks)
 
@@ -342,8 +346,8 @@ def _reverse_passes(p, q2, k2, do2, Pg, Ag, fac, g2, bounds, plan, decay_thresho
         # last piece's row, zero elsewhere until the chain (below) writes the others. Rows lo .. hi - 1 are
         # therefore the local pass's terminal gradients as they are: zero, but dht for a sequence's last piece.
         P = plan.n_pieces
-        rows = torch.zeros(P + 1, H, K, V, dtype=f32, device=dev)
-        rows.index_copy_(0, plan.last_piece, user_dht)
+        rows = torch.empty(P + 1, H, K, V, dtype=f32, device=dev)
+        (kernels.rows or dht_rows_torch)(user_dht, plan.dht_src32, rows, arch.name)  # rows[:P]; row P is scratch
         dht_loc = rows[lo:hi]
         # + row P2, read by the chain's steps past a sequence's pieces: their outputs go to the scratch row P, which
         # nothing reads, so it is not zeroed

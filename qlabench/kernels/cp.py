@@ -114,7 +114,8 @@ class CPPlan:
 
     Device tensors (on ``device``):
         cu_pieces `[P + 1]` int32, chunk_offsets `[P + 1]` int32 (chunks before each piece),
-        piece_seq `[P]` int64, is_first / is_last `[P]` bool, last_piece `[N]` int64,
+        piece_seq `[P]` int64, is_first / is_last `[P]` bool, last_piece `[N]` int64, dht_src32 `[P]` int32 (the
+        piece's sequence where it is the sequence's last piece, else -1: common/cp_rows.dht_rows' table),
         pass1_cu / pass1_chunk_offsets `[p_hi - p_lo + 1]` int32 (the local pass's table),
         piece_start / piece_end `[p_hi - p_lo]` int64 (token ranges of the local pass's pieces),
         pass1_n_chunks `[p_hi - p_lo]` int64 (chunks of each local-pass piece),
@@ -228,6 +229,7 @@ class CPPlan:
     slot_rows32: torch.Tensor | None = None
     bwd_slot_rows32: torch.Tensor | None = None
     first_span: tuple[int, int] | None = None
+    dht_src32: torch.Tensor | None = None
 
     @property
     def n_pieces(self) -> int:
@@ -383,7 +385,8 @@ def build_plan(cu: list[int], piece_chunks: int | None, chunk_size: int, device)
         pass1_cu=pass1_cu, pass1_chunk_offsets=pass1_off, piece_start=piece_start, piece_end=piece_end,
         slot_src=slot_src, slot_seq=slot_seq, first_piece=up(first, i64),
         first_span=(first[0], first[0] + N) if N and first == list(range(first[0], first[0] + N)) else None,
-        piece_order=up(list(range(P)), i32), fused_chains=up(fused, i32).reshape(P, 4), **bwd, **warm,
+        piece_order=up(list(range(P)), i32), fused_chains=up(fused, i32).reshape(P, 4),
+        dht_src32=up([seq[j] if is_last[j] else -1 for j in range(P)], i32), **bwd, **warm,
     )
 
 

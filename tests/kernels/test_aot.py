@@ -18,7 +18,7 @@ def test_aot_sm90_compiles_every_kernel(tmp_path, monkeypatch):
     lines = [line.split()[0] for line in result.output.splitlines() if line.startswith("  ")]
     assert lines.count("chunk_fwd") == 2 and lines.count("chunk_fwd_pipelined") == 2  # BV 32 and 64
     assert lines.count("chunk_fwd_ws") == 2 and lines.count("chunk_fwd_wy") == 2  # sm90's defaults
-    for name in ("chunk_local_cumsum", "kkt_solve", "chunk_local_cumsum_reverse", "backward"):
+    for name in ("chunk_local_cumsum", "kkt_solve", "chunk_local_cumsum_reverse", "cp_dht_rows", "backward"):
         assert name in lines, result.output
     assert lines.count("backward") == 2  # bwd_h / bwd_dh at BV 32 and 64 (backward.value_tiles)
     assert "kernels compiled" in result.output.splitlines()[-1]
