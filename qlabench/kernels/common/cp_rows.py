@@ -9,7 +9,10 @@ sequence's last, -1 elsewhere):
 
 The same rows as torch.zeros + index_copy_ (`dht_rows_torch`, the CPU twins' form): two launches, H100 session 46
 (results/h200/2026-12-06_s46/call2/split-summary.txt): the fill 1.5-6 us and the index copy 4-9.5 us of every CP row
-of h200-bwd (the index copy moves 4-byte elements with per-element index math).
+of h200-bwd (the index copy moves 4-byte elements with per-element index math). This kernel in their place, H100,
+session 47 (results/h200/2026-12-06_s47/call1, h200-bwd phase bwd, two runs in opposite orders): 0.989 / 0.990 of the
+backward's time, 9 / 8 of the 24 CP rows faster, none slower. (The dh0 gather of multi-sequence plans by the same
+kernel measured flat, 1.000 / 1.002: call2, branch wip/s47-dh0-gather, not landed.)
 
 Grid: (P, H_v), one block per (piece, v-head) state tile (K x V fp32 = 64 KB); 128 threads, each moving 16-byte
 vectors. No shared memory. Rows past P (the chain's scratch row) are not written.
