@@ -47,7 +47,8 @@ Launches:
       (`streams.Beside`), joined before (f).
   (d) local reverse pass: bwd_dh over the piece range ``plan.bwd_pass`` (every piece that is not
       first in its sequence; first pieces in between skip all their chunks) from terminal gradient 0,
-      or its sequence's dht for a last piece -> dS_loc (bwd_dh's dh0 output). A middle piece runs
+      or its sequence's dht for a last piece -> dS_loc (bwd_dh's dh0 output); those terminal gradients
+      are rows of one buffer, written by one launch of common/cp_rows.py (over plan.dht_src32). A middle piece runs
       only its first n(j, h) chunks (`local_skips`, the kernel's chunk_skip: n = the first count from
       the piece start at which the summed gam_C drops below ``decay_threshold``; all of them when it
       never does; on the device one launch of common/cp_tables.py over the plan's bwd_*32 tables). The
@@ -64,8 +65,9 @@ Launches:
   (f) the per-chunk gradients (backward.chunk_grads: bwd_chunk on sm90) over the original chunks,
       unchanged; GQA sums and the padding tail as
       backward.py. The reverse cumsum of dg is chunk-local, so pieces change nothing there.
-  TileLang launches on sm90: 5 with S_in given and no transition pass, 6 with it (backward.py: 4), plus
-  2-3 for the S_in recompute.
+  TileLang launches on sm90 with S_in given and no transition pass: 8 (bwd_prepare, cp_tables, cp_dht_rows,
+  bwd_dh local, cp_correct, bwd_h, bwd_dh final, bwd_chunk); 7 with bwd_fused (in place of the final bwd_dh
+  and bwd_chunk); one more with the transition pass (backward.py: 4), plus 2-3 for the S_in recompute.
 
 Error bound of the truncation (``decay_threshold``, default -10, same rule as forward_cp.py). For
 each piece j of the local reverse range and head h, d(j, h) = sum of g over the piece's tokens (here
