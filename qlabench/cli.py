@@ -500,16 +500,23 @@ def compare_cmd(base, current, min_effect, backends, changes_only, allow_differe
 @click.argument("current", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("--baseline", type=click.Path(dir_okay=False), default=None,
               help="Baseline results of the same GPU model (e.g. results/baselines/h200.json) [default: none; "
-              "then only --min-speedup and correctness gate].")
+              "then only the in-run requirements and correctness gate].")
 @click.option("--max-regression", default="5%", show_default=True,
               help="Largest confirmed slowdown against the baseline that still passes.")
 @click.option("--min-speedup", "min_speedups", multiple=True,
               help="SUBJECT/PEER=RATIO, repeatable: geomean of peer time / subject time inside CURRENT must "
               "reach RATIO (e.g. qla/fla=2.5); the peer's rows may come from another CURRENT file.")
+@click.option("--min-case-speedup", "min_case_speedups", multiple=True,
+              help="SUBJECT/PEER=RATIO, repeatable: peer time / subject time must reach RATIO in every case both ran "
+              "ok (e.g. qla/flash_qla=0.8).")
+@click.option("--max-memory", "max_memory", multiple=True,
+              help="SUBJECT/PEER=RATIO, repeatable: subject peak memory / peer peak memory must stay at or under "
+              "RATIO in every case both ran ok (e.g. qla/flash_qla=1.25).")
 @click.option("--backend", "backends", multiple=True,
               help="Backend(s) whose correctness and times are gated [default: qla if it has ok rows].")
 @click.option("--min-effect", default="2%", show_default=True, help="Noise band for verdicts (see compare).")
-def gate_cmd(current, baseline, max_regression, min_speedups, backends, min_effect) -> None:
+def gate_cmd(current, baseline, max_regression, min_speedups, min_case_speedups, max_memory, backends,
+             min_effect) -> None:
     """CI gate. Exit 0 pass; 1 a regression, a correctness failure, a baseline row missing from CURRENT,
     a ratio not met; 2 inputs that cannot be compared (invalid or empty results, other GPU model, ...)
     and any unexpected error (one line, never a pass).
@@ -520,9 +527,12 @@ def gate_cmd(current, baseline, max_regression, min_speedups, backends, min_effe
 
     try:
         reqs = [parse_min_speedup(t) for t in min_speedups]
+        case_reqs = [parse_min_speedup(t, "--min-case-speedup") for t in min_case_speedups]
+        mem_reqs = [parse_min_speedup(t, "--max-memory") for t in max_memory]
         res = gate(list(current) if len(current) > 1 else current[0], baseline,
                    max_regression=parse_percent(max_regression), min_speedups=reqs,
-                   backends=list(backends) or None, min_effect=parse_percent(min_effect))
+                   backends=list(backends) or None, min_effect=parse_percent(min_effect),
+                   min_case_speedups=case_reqs, max_memory=mem_reqs)
         text = res.render()
     except (CompareError, ValueError) as exc:  # ResultsError is a ValueError
         click.echo(f"gate: cannot compare: {exc}", err=True)

@@ -14,8 +14,9 @@ changed (ok -> incorrect, say) and rows only one side has are listed apart. Like
 compare, a change must clear both the effect size and the dispersion before it is called.
 
 Gate exit codes: 0 nothing regressed; 1 a confirmed regression beyond --max-regression, a non-ok row
-of a gated backend, a baseline row of a gated backend missing from CURRENT, or a --min-speedup not met
-inside CURRENT; 2 the inputs cannot be compared (not a valid results file: qlabench.results.validate
+of a gated backend, a baseline row of a gated backend missing from CURRENT, or an in-run requirement not met
+inside CURRENT (--min-speedup: a geomean ratio; --min-case-speedup: the ratio of every case; --max-memory: the peak
+memory ratio of every case); 2 the inputs cannot be compared (not a valid results file: qlabench.results.validate
 rejects non-finite, non-positive or non-numeric times, empty files and untyped key fields; a different
 GPU model, no common rows, a backend not in the file). In-run ratios
 against peers are the primary gate because absolute times drift between machines; the absolute
@@ -239,16 +240,17 @@ class SpeedupRequirement:
         return f"{self.subject}/{self.peer}={self.ratio:g}"
 
 
-def parse_min_speedup(text: str) -> SpeedupRequirement:
-    """Parse `qla/fla=2.5` (also `2.5x`); raises ValueError naming the bad text."""
+def parse_min_speedup(text: str, option: str = "--min-speedup") -> SpeedupRequirement:
+    """Parse `qla/fla=2.5` (also `2.5x`) for ``option`` (--min-speedup, --min-case-speedup, --max-memory: the same
+    form); raises ValueError naming the option and the bad text."""
     m = re.fullmatch(r"\s*([\w.-]+)\s*/\s*([\w.-]+)\s*=\s*([0-9]*\.?[0-9]+)\s*x?\s*", text)
     if not m:
-        raise ValueError(f"--min-speedup must look like SUBJECT/PEER=RATIO (e.g. qla/fla=2.5), got {text!r}")
+        raise ValueError(f"{option} must look like SUBJECT/PEER=RATIO (e.g. qla/fla=2.5), got {text!r}")
     ratio = float(m.group(3))
     if not ratio > 0:
-        raise ValueError(f"--min-speedup ratio must be positive, got {text!r}")
+        raise ValueError(f"{option} ratio must be positive, got {text!r}")
     if m.group(1) == m.group(2):
-        raise ValueError(f"--min-speedup needs two different backends, got {text!r}")
+        raise ValueError(f"{option} needs two different backends, got {text!r}")
     return SpeedupRequirement(m.group(1), m.group(2), ratio)
 
 
@@ -288,15 +290,23 @@ def gate(
     min_speedups: list[SpeedupRequirement] | None = None,
     backends: list[str] | None = None,
     min_effect: float = DEFAULT_MIN_EFFECT,
+    min_case_speedups: list[SpeedupRequirement] | None = None,
+    max_memory: list[SpeedupRequirement] | None = None,
 ) -> GateResult:
     """Decide pass/fail. Raises CompareError for inputs that cannot be compared (exit 2).
 
     ``current`` may be several results files of one GPU model (a list): they are merged into one run
     (a row present in two files: the later file's wins), so peers measured in another file take part
-    in the --min-speedup ratios."""
+    in the in-run requirements: ``min_speedups`` (the geomean of peer time / subject time over the cases
+    both ran ok), ``min_case_speedups`` (the same ratio in every such case) and ``max_memory`` (subject peak
+    memory / peer peak memory in every such case that recorded both)."""
     min_speedups = list(min_speedups or [])
-    if baseline is None and not min_speedups:
-        raise CompareError("nothing to gate: give --baseline and/or at least one --min-speedup")
+    min_case_speedups = list(min_case_speedups or [])
+    max_memory = list(max_memory or [])
+    in_run = min_speedups + min_case_speedups + max_memory
+    if baseline is None and not in_run:
+        raise CompareError("nothing to gate: give --baseline and/or at least one --min-speedup, --min-case-speedup "
+                           "or --max-memory")
     try:
         cur = collect(current)
     except ResultsError as exc:
@@ -309,7 +319,7 @@ def gate(
     if not names:
         raise CompareError(f"{where}: no rows")
     gated = list(backends) if backends else [default_subject(cur.df)]
-    for name in gated + [b for r in min_speedups for b in (r.subject, r.peer)]:
+    for name in gated + [b for r in in_run for b in (r.subject, r.peer)]:
         if name not in names:
             raise CompareError(f"backend {name!r} is not in {where} (have: {', '.join(names)})")
 
@@ -325,23 +335,39 @@ def gate(
         result.checks.append(f"all {n_ok} rows of {', '.join(gated)} are ok")
 
     # Primary gate: in-run ratios against peers.
-    for req in min_speedups:
-        s = df[(df["backend"] == req.subject) & (df["status"] == "ok")]
-        p = df[(df["backend"] == req.peer) & (df["status"] == "ok")]
-        both = s.merge(p, on=list(R.CASE_FIELDS), suffixes=("_s", "_p"))
-        both = both[(both["median_ms_s"] > 0) & (both["median_ms_p"] > 0)]
+    for option, reqs in (("--min-speedup", min_speedups), ("--min-case-speedup", min_case_speedups)):
+        for req in reqs:
+            both = _ok_pairs(df, req)
+            if both.empty:
+                result.failures.append(f"{option} {req}: no case where both {req.subject} and {req.peer} are ok")
+                continue
+            ratios = (both["median_ms_p"] / both["median_ms_s"]).reset_index(drop=True)
+            worst_i = int(ratios.idxmin())
+            worst = f"{ratios[worst_i]:.2f}x at {_case_of(both.iloc[worst_i])}"
+            if option == "--min-speedup":
+                g = geomean(ratios.tolist())
+                text = f"{option} {req}: geomean {fmt_geomean(g)} over {len(ratios)} cases (worst {worst})"
+                passed = g >= req.ratio
+            else:
+                under = int((ratios < req.ratio).sum())
+                text = f"{option} {req}: worst {worst}, {under} of {len(ratios)} cases under {req.ratio:g}x"
+                passed = under == 0
+            (result.checks if passed else result.failures).append(text)
+    for req in max_memory:
+        both = _ok_pairs(df, req)
+        mem_s, mem_p = both["peak_mem_mb_s"], both["peak_mem_mb_p"]
+        both = both[mem_s.notna() & mem_p.notna() & (mem_s > 0) & (mem_p > 0)]
         if both.empty:
-            result.failures.append(
-                f"--min-speedup {req}: no case where both {req.subject} and {req.peer} are ok"
-            )
+            result.failures.append(f"--max-memory {req}: no case where both {req.subject} and {req.peer} are ok "
+                                   "and recorded their peak memory")
             continue
-        ratios = (both["median_ms_p"] / both["median_ms_s"]).tolist()
-        g = geomean(ratios)
-        worst_i = int(pd.Series(ratios).idxmin())
-        worst = both.iloc[worst_i]
-        where = f"worst {ratios[worst_i]:.2f}x at {worst['phase']} {worst['preset_s']} {worst['pattern']}"
-        text = f"--min-speedup {req}: geomean {fmt_geomean(g)} over {len(ratios)} cases ({where})"
-        (result.checks if g >= req.ratio else result.failures).append(text)
+        ratios = (both["peak_mem_mb_s"] / both["peak_mem_mb_p"]).reset_index(drop=True)
+        top_i = int(ratios.idxmax())
+        top = both.iloc[top_i]
+        over = int((ratios > req.ratio).sum())
+        text = (f"--max-memory {req}: largest {ratios[top_i]:.3f}x at {_case_of(top)} ({top['peak_mem_mb_s']:.1f} "
+                f"against {top['peak_mem_mb_p']:.1f} MiB), {over} of {len(ratios)} cases over {req.ratio:g}x")
+        (result.checks if over == 0 else result.failures).append(text)
 
     # Secondary gate: absolute times against a baseline of the same GPU model.
     if baseline is not None:
@@ -370,6 +396,19 @@ def gate(
             )
     result.code = EXIT_FAIL if result.failures else EXIT_OK
     return result
+
+
+def _ok_pairs(df: pd.DataFrame, req: SpeedupRequirement) -> pd.DataFrame:
+    """The cases where both backends of ``req`` ran ok with positive times: one row each, the subject's columns
+    suffixed _s and the peer's _p."""
+    s = df[(df["backend"] == req.subject) & (df["status"] == "ok")]
+    p = df[(df["backend"] == req.peer) & (df["status"] == "ok")]
+    both = s.merge(p, on=list(R.CASE_FIELDS), suffixes=("_s", "_p"))
+    return both[(both["median_ms_s"] > 0) & (both["median_ms_p"] > 0)]
+
+
+def _case_of(row) -> str:
+    return f"{row['phase']} {row['preset_s']} {row['pattern']}"
 
 
 # ---- baselines -------------------------------------------------------------------------------------

@@ -202,3 +202,40 @@ def test_gate_merges_several_current_files(tmp_path):
     other = _write(tmp_path, "b200.json", _doc([_row("fla", 3.0)], gpu="NVIDIA B200"))
     r = _gate(ours, other, "--min-speedup", "qla/fla=2.5")
     assert r.exit_code == 2 and "mixes GPUs" in r.output
+
+
+def test_gate_every_case_ratio_and_peak_memory(tmp_path):
+    """--min-case-speedup holds every case (not the geomean) to the ratio; --max-memory every case's peak memory
+    ratio; each prints its worst case, and the parsers name the option in their errors."""
+    ours = [_row("qla", 1.0), _row("qla", 0.5, pattern="1x8192")]
+    peers = [_row("flash_qla", 1.5), _row("flash_qla", 0.35, pattern="1x8192")]  # ratios 1.5 and 0.7
+    peers[0]["peak_mem_mb"], ours[0]["peak_mem_mb"] = 400.0, 480.0  # 1.2x
+    peers[1]["peak_mem_mb"], ours[1]["peak_mem_mb"] = 100.0, 130.0  # 1.3x
+    f = _write(tmp_path, "run.json", _doc(ours + peers))
+    r = _gate(f, "--min-speedup", "qla/flash_qla=1")  # geomean 1.02: passes
+    assert r.exit_code == 0, r.output
+    r = _gate(f, "--min-case-speedup", "qla/flash_qla=0.8")
+    assert r.exit_code == 1 and "worst 0.70x at fwd hk16_hv16 1x8192, 1 of 2 cases under 0.8x" in r.output, r.output
+    r = _gate(f, "--min-case-speedup", "qla/flash_qla=0.7")
+    assert r.exit_code == 0, r.output
+    r = _gate(f, "--max-memory", "qla/flash_qla=1.25")
+    assert r.exit_code == 1, r.output
+    assert "largest 1.300x at fwd hk16_hv16 1x8192 (130.0 against 100.0 MiB), 1 of 2 cases over 1.25x" in r.output
+    r = _gate(f, "--max-memory", "qla/flash_qla=1.3")
+    assert r.exit_code == 0 and "0 of 2 cases over 1.3x" in r.output, r.output
+    # a case without a recorded peak on one side is left out; none at all fails
+    for row in ours:
+        row["peak_mem_mb"] = None
+    g = _write(tmp_path, "nomem.json", _doc(ours + peers))
+    r = _gate(g, "--max-memory", "qla/flash_qla=1.25")
+    assert r.exit_code == 1 and "recorded their peak memory" in r.output, r.output
+    # the requirements alone are something to gate; a bad one names its option; a missing backend is exit 2
+    r = _gate(f, "--max-memory", "qla-flash_qla=1.25")
+    assert r.exit_code == 2 and "--max-memory must look like" in r.output and "'qla-flash_qla=1.25'" in r.output
+    r = _gate(f, "--min-case-speedup", "qla/qla=1")
+    assert r.exit_code == 2 and "--min-case-speedup needs two different backends" in r.output
+    r = _gate(f, "--min-case-speedup", "qla/fla=1")
+    assert r.exit_code == 2 and "'fla' is not in" in r.output
+    res = gate(f, min_case_speedups=[parse_min_speedup("qla/flash_qla=0.5", "--min-case-speedup")],
+               max_memory=[parse_min_speedup("qla/flash_qla=1.5", "--max-memory")])
+    assert res.code == 0 and len(res.checks) == 3, res.render()
