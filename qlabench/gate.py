@@ -230,7 +230,9 @@ def format_comparison(cmp: Comparison, only_changes: bool = False) -> str:
 
 @dataclass(frozen=True)
 class SpeedupRequirement:
-    """``subject/peer=ratio``: peer time / subject time must reach ``ratio`` inside CURRENT."""
+    """``subject/peer=ratio``, an in-run requirement inside CURRENT: peer time / subject time must reach ``ratio``
+    (--min-speedup: the geomean; --min-case-speedup: every case), or subject peak memory / peer peak memory must stay
+    at or under it (--max-memory)."""
 
     subject: str
     peer: str
