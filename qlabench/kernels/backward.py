@@ -51,7 +51,7 @@ import torch
 
 from .common.chunks import chunk_table, f32_buffers
 from .dispatch import arch_by_name, arch_for_device, env_choice, has_kernel, kernel_factory, require_backward
-from .streams import Beside
+from .streams import Beside, Lanes
 from .validate import validate
 
 __all__ = ["chunk_gated_delta_rule_bwd", "compile_backward_kernels"]
@@ -462,16 +462,70 @@ def _bwd_impl(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens,
     kernels["bwd_prepare"](q2, k2, g2, b2, A2, bounds, Pg, Ag, fac, p.scale)
     no_skip = torch.empty(1, p.h_v, dtype=torch.int32, device=q.device)  # has_skip = 0: never read
     order = table.seq_order  # longest chains first
-    with Beside(dev) as beside:  # the two recurrences side by side (streams.py)
-        with beside.side():
-            kernels["bwd_dh"](q2, k2, do2, Pg, Ag, fac, cu, offsets, order, no_skip, dht2,
-                              *dh_pass_rows(kernels, dh, dvp, dv), dh0, p.scale, 0)
-        kernels["bwd_h"](k2, v2, A2, fac, cu, offsets, order, h0, h)
-    del Pg, Ag, fac
-
-    dq_v, dk_v, dbeta, dg = chunk_grads(kernels, p, q2, k2, v2, do2, dvp, dv, g2, b2, A2, h, dh, bounds, C)
-    del h, dh, dvp
+    lanes = backward_lanes(kernels, p.seq_bounds, C)
+    if lanes is not None:
+        dq_v, dk_v, dbeta, dg = _by_lanes(kernels, lanes, table, p, q2, k2, v2, do2, g2, b2, A2, Pg, Ag, fac, no_skip,
+                                          h0, dht2, h, dh, dv, dh0, C)
+    else:
+        with Beside(dev) as beside:  # the two recurrences side by side (streams.py)
+            with beside.side():
+                kernels["bwd_dh"](q2, k2, do2, Pg, Ag, fac, cu, offsets, order, no_skip, dht2,
+                                  *dh_pass_rows(kernels, dh, dvp, dv), dh0, p.scale, 0)
+            kernels["bwd_h"](k2, v2, A2, fac, cu, offsets, order, h0, h)
+        dq_v, dk_v, dbeta, dg = chunk_grads(kernels, p, q2, k2, v2, do2, dvp, dv, g2, b2, A2, h, dh, bounds, C)
+    del Pg, Ag, fac, h, dh, dvp
     return gradients_out(p, table, cu_seqlens, dq_v, dk_v, dv, dbeta, dg, dh0, beta, initial_state, state_v_first)
+
+
+def backward_lanes(kernels, seq_bounds, C: int) -> tuple[tuple[int, int], ...] | None:
+    """The lanes of the plain sm90 backward (`_by_lanes`): runs of sequences (a, b), the one with the longest chain
+    (the first of equals) first, then the runs before and after it; None: one launch of each kernel over every
+    sequence. QLABENCH_BWD_LANES=on|off forces them on (wherever there are two runs) or off; auto: off (not yet
+    measured). Never without the host's sequence bounds (a capture of an unseen cu_seqlens), nor with one
+    sequence, nor on sm100 (bwd_state / bwd_intra)."""
+    from .dispatch import env_choice
+
+    choice = env_choice("QLABENCH_BWD_LANES", ("auto", "on", "off"), "auto")
+    if choice != "on" or seq_bounds is None or len(seq_bounds) < 2 or "bwd_chunk" not in kernels:
+        return None
+    chunks = [-(-(e - b) // C) for b, e in seq_bounds]
+    i = chunks.index(max(chunks))
+    runs = tuple(r for r in ((i, i + 1), (0, i), (i + 1, len(chunks))) if r[1] > r[0])
+    return runs if len(runs) > 1 else None
+
+
+def _by_lanes(kernels, lanes, table, p, q2, k2, v2, do2, g2, b2, A2, Pg, Ag, fac, no_skip, h0, dht2, h, dh, dv, dh0,
+              C: int):
+    """The two recurrences and bwd_chunk per lane, the lanes side by side (streams.Lanes): lane i's bwd_dh on
+    stream 2 i, its bwd_h on stream 2 i + 1, then its bwd_chunk over its own chunk rows there once both are done.
+    The first lane (the longest chain's) takes the high-priority streams: its blocks are dispatched first, and the
+    other lanes' recurrences and per-chunk gradients fill the SMs its long chains leave idle, where with one launch
+    of each kernel bwd_chunk would wait for the last chain of all. Same kernels, same values; the lanes' tables
+    (common/chunks.lane_table) give each launch its sequences, and views give it its rows of the per-sequence and
+    per-chunk tensors. Returns dq, dk, dbeta, dg (as `chunk_grads`)."""
+    from .common.chunks import lane_table
+
+    dev, f32 = q2.device, f32_buffers(q2.dtype)
+    BT, H, K = q2.shape[0], p.h_v, p.K
+    chunks = [-(-(e - b) // C) for b, e in p.seq_bounds]
+    dq = _alloc((BT, p.h_qk, K), q2.dtype, dev)
+    dk = _alloc((BT, p.h_qk, K), q2.dtype, dev)
+    dbeta = _alloc((BT, H), f32, dev)
+    dg = _alloc((BT, H), f32, dev)
+    tabs = [lane_table(table, a, b, chunks) for a, b in lanes]
+    with Lanes(dev, tuple(i == 0 for i in range(len(tabs)) for _ in range(2))) as ln:
+        for i, t in enumerate(tabs):
+            a, b, c0, c1 = t.a, t.b, t.c0, t.c1
+            with ln.on(2 * i):
+                kernels["bwd_dh"](q2, k2, do2, Pg, Ag, fac, t.cu_seqlens, t.chunk_offsets, t.seq_order, no_skip,
+                                  dht2[a:b], *dh_pass_rows(kernels, dh, dv, dv), dh0[a:b], p.scale, 0)
+            with ln.on(2 * i + 1):
+                kernels["bwd_h"](k2, v2, A2, fac, t.cu_seqlens, t.chunk_offsets, t.seq_order, h0[a:b], h)
+            ln.wait(2 * i + 1, 2 * i)
+            with ln.on(2 * i + 1):
+                kernels["bwd_chunk"](q2, k2, v2, do2, dv, g2, b2, A2, h[c0:c1], dh[c0:c1], table.chunk_bounds[c0:c1],
+                                     dq, dk, dbeta, dg, p.scale)
+    return dq, dk, dbeta, dg
 
 
 def _bwd_fused(p, kernels, q2, k2, v2, do2, g2, b2, A2, table, h0, dht2, h, masks, cu_seqlens, beta, initial_state,

@@ -1,4 +1,5 @@
-"""Two independent launch sequences side by side: the backward's h recompute beside its dh pass.
+"""Independent launch sequences side by side: the backward's h recompute beside its dh pass (`Beside`), and the
+backward's lanes of sequences (`Lanes`).
 
 bwd_h (the states h, forward over chunks) and the dh pass (bwd_dh, and with CP its local pass, chain and
 final pass) read none of each other's outputs: only the per-chunk gradients after them need both. Run
@@ -21,15 +22,15 @@ import functools
 
 import torch
 
-__all__ = ["Beside"]
+__all__ = ["Beside", "Lanes"]
 
 
 @functools.cache
-def _side_stream(device_index: int) -> torch.cuda.Stream:
-    """One high-priority stream per device, reused by every call (creating streams per call leaks
-    them into CUDA graphs' node lists and costs a driver call)."""
-    _, highest = torch.cuda.Stream.priority_range()  # (least, greatest): lower numbers are served first
-    return torch.cuda.Stream(device=device_index, priority=highest)
+def _side_stream(device_index: int, slot: int = 0, high: bool = True) -> torch.cuda.Stream:
+    """Stream ``slot`` of the high- or the default-priority pool of a device, reused by every call (creating
+    streams per call leaks them into CUDA graphs' node lists and costs a driver call)."""
+    least, highest = torch.cuda.Stream.priority_range()  # (least, greatest): lower numbers are served first
+    return torch.cuda.Stream(device=device_index, priority=highest if high else least)
 
 
 class Beside:
@@ -65,3 +66,53 @@ class Beside:
     def __exit__(self, *exc) -> None:
         if self.stream is not None:
             self.main.wait_stream(self.stream)
+
+
+class Lanes:
+    """Launch sequences on streams of their own, forked from the caller's current stream on ``device``: ``high[i]``
+    says whether stream i is served first (the block scheduler dispatches the pending blocks of high-priority
+    streams before the others'). Entering forks every stream after everything queued so far on the caller's
+    stream; `wait` orders one stream after another's work queued so far; leaving joins them all back into the
+    caller's stream. The same allocation rule as `Beside` holds: tensors used on a lane are allocated on the
+    caller's stream before the fork and freed after the join. Off CUDA every lane runs inline.
+
+    with Lanes(dev, (True, True, False, False)) as lanes:
+        with lanes.on(0): ...      # queued on stream 0
+        lanes.wait(1, 0)           # stream 1 runs on after what stream 0 has queued so far
+    """
+
+    def __init__(self, device: torch.device, high: tuple[bool, ...]):
+        self.main, self.streams = None, [None] * len(high)
+        if device.type == "cuda":
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            self.main = torch.cuda.current_stream(device)
+            slots = {True: 0, False: 0}
+            self.streams = []
+            for h in high:
+                self.streams.append(_side_stream(index, slots[h], h))
+                slots[h] += 1
+
+    def __enter__(self) -> Lanes:  # noqa: PYI034
+        if self.main is not None:
+            for s in self.streams:
+                s.wait_stream(self.main)
+        return self
+
+    @contextlib.contextmanager
+    def on(self, i: int):
+        """Launches inside run on stream i (inline off CUDA)."""
+        if self.main is None:
+            yield
+            return
+        with torch.cuda.stream(self.streams[i]):
+            yield
+
+    def wait(self, i: int, j: int) -> None:
+        """Stream i's later work waits for what stream j has queued so far."""
+        if self.main is not None:
+            self.streams[i].wait_stream(self.streams[j])
+
+    def __exit__(self, *exc) -> None:
+        if self.main is not None:
+            for s in self.streams:
+                self.main.wait_stream(s)

@@ -150,6 +150,59 @@ def test_backward_host_with_kernel_twins(case, path, monkeypatch):
             assert (got[n].flatten(0, 1)[end:] == 0).all(), f"{n} not zero on the padding tail"
 
 
+LANE_CASES = [c for c in CASES if c.cu_seqlens is not None] + [
+    Case(T=400, h_qk=1, h_v=2, cu_seqlens=(0, 40, 300, 330, 390), h0=True, gate="qwen", seed=4),  # longest inside
+]
+
+
+@pytest.mark.parametrize("case", LANE_CASES, ids=[c.id for c in LANE_CASES])
+def test_lanes_give_the_same_gradients(case, monkeypatch):
+    """QLABENCH_BWD_LANES=on (backward_lanes: the longest chain's run of sequences, then the runs before and after
+    it, each with its own recurrences and bwd_chunk over its chunk rows) gives the one-launch gradients bit for bit,
+    and bwd_chunk runs once per lane over exactly the lane's chunk rows, which together are every real chunk once."""
+    _, args = problem(case)
+    monkeypatch.setenv("QLABENCH_BWD_LANES", "off")
+    ref = run_twins(args, monkeypatch)
+    rows = []
+
+    def chunk(*a):
+        rows.append(a[10].clone())  # chunk_bounds of the launch
+        return KERNEL_TWINS["bwd_chunk"](*a)
+
+    monkeypatch.setenv("QLABENCH_BWD_LANES", "on")
+    got = run_twins(args, monkeypatch, {**KERNEL_TWINS, "bwd_chunk": chunk})
+    bounds = [(b, e) for b, e in zip(case.cu_seqlens, case.cu_seqlens[1:])]
+    assert backward.backward_lanes({"bwd_chunk": None}, bounds, 64) is not None
+    assert len(rows) == len(backward.backward_lanes({"bwd_chunk": None}, bounds, 64)) >= 2
+    seen = sorted(tuple(r) for x in rows for r in x.tolist() if r[1] > r[0])
+    want = sorted((t, min(t + 64, e)) for b, e in bounds for t in range(b, e, 64))
+    assert seen == want
+    for n in NAMES:
+        assert (got[n] is None) == (ref[n] is None)
+        if got[n] is not None:
+            assert torch.equal(got[n], ref[n]), n
+
+
+def test_backward_lanes_rule(monkeypatch):
+    """The runs: the longest chain's sequence (the first of equals), then the runs before and after it; none with
+    one sequence, without host bounds, off sm90's bwd_chunk path, or with QLABENCH_BWD_LANES off / auto (auto is
+    off until measured); a bad switch value is a ValueError naming it."""
+    k = {"bwd_chunk": None}
+    monkeypatch.setenv("QLABENCH_BWD_LANES", "on")
+    assert backward.backward_lanes(k, ((0, 100), (100, 400), (400, 500)), 64) == ((1, 2), (0, 1), (2, 3))
+    assert backward.backward_lanes(k, ((0, 300), (300, 400)), 64) == ((0, 1), (1, 2))
+    assert backward.backward_lanes(k, ((0, 64), (64, 128), (128, 192)), 64) == ((0, 1), (1, 3))
+    assert backward.backward_lanes(k, ((0, 300),), 64) is None
+    assert backward.backward_lanes(k, None, 64) is None
+    assert backward.backward_lanes({"bwd_intra": None}, ((0, 100), (100, 400)), 64) is None
+    for off in ("off", "auto"):
+        monkeypatch.setenv("QLABENCH_BWD_LANES", off)
+        assert backward.backward_lanes(k, ((0, 100), (100, 400)), 64) is None
+    monkeypatch.setenv("QLABENCH_BWD_LANES", "maybe")
+    with pytest.raises(ValueError, match="QLABENCH_BWD_LANES.*'maybe'"):
+        backward.backward_lanes(k, ((0, 100), (100, 400)), 64)
+
+
 @pytest.mark.parametrize("host_bounds", [True, False], ids=["tokens_end", "device-mask"])
 def test_padding_tail_zeroed(host_bounds, monkeypatch):
     """The padding tail after cu_seqlens[-1] is zero in every token-indexed gradient (NaN before the

@@ -16,7 +16,7 @@ changed cu_seqlens is a different key. Entries looked up during a CUDA-graph cap
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -55,6 +55,7 @@ class ChunkTable:
             forward kernels' grid rows), so the longest chains start first.
         tokens_end: host value of cu_seqlens[-1] (where the padding tail starts), or None when the
             table was built from device values only.
+        lanes: the tables of its runs of sequences that `lane_table` built (cached with the table).
     """
 
     cu_seqlens: torch.Tensor
@@ -63,6 +64,7 @@ class ChunkTable:
     n_chunks_max: int
     seq_order: torch.Tensor
     tokens_end: int | None = None
+    lanes: dict = field(default_factory=dict, compare=False, repr=False)
 
 
 def build_chunk_table(cu_seqlens: torch.Tensor, T: int, C: int) -> ChunkTable:
@@ -84,6 +86,42 @@ def build_chunk_table(cu_seqlens: torch.Tensor, T: int, C: int) -> ChunkTable:
     bounds = torch.stack([start, end], 1).to(torch.int32).contiguous()
     order = torch.argsort(n_chunks, descending=True, stable=True).to(torch.int32).contiguous()
     return ChunkTable(cu.to(torch.int32).contiguous(), offsets.to(torch.int32).contiguous(), bounds, ncmax, order)
+
+
+@dataclass(frozen=True)
+class LaneTable:
+    """The chunk recurrences' view of sequences a .. b - 1 of a `ChunkTable` (a lane of the backward):
+    cu_seqlens and chunk_offsets rows a .. b (absolute token and chunk numbers, so the kernels write into
+    the whole problem's buffers), seq_order of the lane's own sequences longest first (local numbers:
+    row n of the lane is sequence a + n, so per-sequence tensors are passed as rows a .. b - 1), and the
+    lane's chunk rows c0 .. c1 - 1 of chunk_bounds (host numbers)."""
+
+    a: int
+    b: int
+    c0: int
+    c1: int
+    cu_seqlens: torch.Tensor
+    chunk_offsets: torch.Tensor
+    seq_order: torch.Tensor
+
+
+def lane_table(table: ChunkTable, a: int, b: int, chunks) -> LaneTable:
+    """`LaneTable` of sequences a .. b - 1 (``chunks``: every sequence's chunk count, host values), built on the
+    device from the table's tensors (no host sync) once per table and lane. One first built inside a CUDA-graph
+    capture is not kept: its tensors get their values only when the graph replays, so an eager call reading them
+    before that would read garbage (the capture's own ops form them on every replay)."""
+    key = (a, b)
+    if key in table.lanes:
+        return table.lanes[key]
+    n = table.chunk_offsets[a + 1:b + 1] - table.chunk_offsets[a:b]
+    order = torch.argsort(n, descending=True, stable=True).to(torch.int32).contiguous()
+    c0 = sum(chunks[:a])
+    lane = LaneTable(a, b, c0, c0 + sum(chunks[a:b]), table.cu_seqlens[a:b + 1].clone(),
+                     table.chunk_offsets[a:b + 1].clone(), order)
+    device = table.cu_seqlens.device
+    if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        table.lanes[key] = lane
+    return lane
 
 
 def chunk_table(cu_seqlens: torch.Tensor | None, seq_bounds, B: int, T: int, C: int, device) -> ChunkTable:
