@@ -348,8 +348,11 @@ def chunk_gated_delta_rule_bwd(q, k, v, g_cumsum, beta, A, do, dht=None, scale=N
     prepare, masks = _prepare_masks(arch.name, masks)
     kernels = _kernels(p.h_qk, p.h_v, _DTYPE_NAMES[q.dtype], arch.name, bv,
                        None if options is None else options.bwd_dh, prepare)
+    lanes = None
+    if p.seq_bounds is not None and "bwd_chunk" in kernels:  # sm90's plain path with the host's bounds
+        lanes = backward_lanes(chunks, p.h_v, bv, _sm_count(q.device))
     return _bwd_impl(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, state_v_first,
-                     arch.chunk_size, kernels, masks)
+                     arch.chunk_size, kernels, masks, lanes)
 
 
 def mask_buffers(masks, BT: int, H: int, C: int, dtype, device):
@@ -425,9 +428,10 @@ def chunk_grads(kernels, p, q2, k2, v2, do2, dvp, dv, g2, b2, A2, h, dh, bounds,
 
 
 def _bwd_impl(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, state_v_first, C,
-              kernels, masks=None):
+              kernels, masks=None, lanes=None):
     """Runs the kernels (``kernels`` maps names to callables with the compiled signatures; ``masks``: the
-    forward's `forward.KktMasks` when kernels' bwd_prepare forms only the missing ones, else None)."""
+    forward's `forward.KktMasks` when kernels' bwd_prepare forms only the missing ones, else None; ``lanes``:
+    `backward_lanes`' runs of sequences, or None)."""
     dev, dtype = q.device, q.dtype
     BT, H = p.B * p.T, p.h_v
     f32 = torch.float32
@@ -462,7 +466,6 @@ def _bwd_impl(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens,
     kernels["bwd_prepare"](q2, k2, g2, b2, A2, bounds, Pg, Ag, fac, p.scale)
     no_skip = torch.empty(1, p.h_v, dtype=torch.int32, device=q.device)  # has_skip = 0: never read
     order = table.seq_order  # longest chains first
-    lanes = backward_lanes(kernels, p.seq_bounds, C)
     if lanes is not None:
         dq_v, dk_v, dbeta, dg = _by_lanes(kernels, lanes, table, p, q2, k2, v2, do2, g2, b2, A2, Pg, Ag, fac, no_skip,
                                           h0, dht2, h, dh, dv, dh0, C)
@@ -477,19 +480,25 @@ def _bwd_impl(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens,
     return gradients_out(p, table, cu_seqlens, dq_v, dk_v, dv, dbeta, dg, dh0, beta, initial_state, state_v_first)
 
 
-def backward_lanes(kernels, seq_bounds, C: int) -> tuple[tuple[int, int], ...] | None:
-    """The lanes of the plain sm90 backward (`_by_lanes`): runs of sequences (a, b), the one with the longest chain
-    (the first of equals) first, then the runs before and after it; None: one launch of each kernel over every
-    sequence. QLABENCH_BWD_LANES=on|off forces them on (wherever there are two runs) or off; auto: off (not yet
-    measured). Never without the host's sequence bounds (a capture of an unseen cu_seqlens), nor with one
-    sequence, nor on sm100 (bwd_state / bwd_intra)."""
+def backward_lanes(chunks, h_v: int, bv: int, sm_count: int,
+                   V: int = _HEAD_DIM) -> tuple[tuple[int, int], ...] | None:
+    """The lanes of the plain sm90 backward (`_by_lanes`) for sequences of ``chunks`` chunks each (host values):
+    runs of sequences (a, b), the one with the longest chain (the first of equals) first, then the runs before and
+    after it; None: one launch of each kernel over every sequence (also with one sequence).
+    auto: lanes where the longest chain's two recurrences (2 h_v V / bv blocks of one SM each) leave at least half
+    of the SMs to the other lanes. Measured (H100, h200-bwd phase bwd, lanes on against off, results/h200/
+    2026-12-06_s50/): where they take 64 blocks or fewer of 132, 0.959 - 1.006 (hk16_hv16 8k_8seq 0.959,
+    hk8_hv16 32k_4seq 0.967); where they take 128, 0.997 - 1.040 (hk8_hv16 and hk16_hv16 8k_4seq 1.04 / 1.03 at
+    BV 32: the other lanes' blocks wait for the 4 SMs left). QLABENCH_BWD_LANES=on|off forces them on (wherever
+    there are two runs) or off."""
     from .dispatch import env_choice
 
     choice = env_choice("QLABENCH_BWD_LANES", ("auto", "on", "off"), "auto")
-    if choice != "on" or seq_bounds is None or len(seq_bounds) < 2 or "bwd_chunk" not in kernels:
+    if choice == "off" or len(chunks) < 2:
         return None
-    chunks = [-(-(e - b) // C) for b, e in seq_bounds]
-    i = chunks.index(max(chunks))
+    if choice == "auto" and 2 * h_v * (V // bv) > sm_count // 2:
+        return None
+    i = list(chunks).index(max(chunks))
     runs = tuple(r for r in ((i, i + 1), (0, i), (i + 1, len(chunks))) if r[1] > r[0])
     return runs if len(runs) > 1 else None
 

@@ -88,9 +88,10 @@ def problem(case: Case, D: int = 128):
     return want, args
 
 
-def run_twins(args, monkeypatch, twins=KERNEL_TWINS, host_bounds=True):
+def run_twins(args, monkeypatch, twins=KERNEL_TWINS, host_bounds=True, lanes=None):
     """``host_bounds=False`` drops the host sequence bounds, as inside a CUDA-graph capture of an unseen
-    cu_seqlens (the chunk table is then built on the device and has no ``tokens_end``)."""
+    cu_seqlens (the chunk table is then built on the device and has no ``tokens_end``); ``lanes``: the
+    backward's lanes (`backward.backward_lanes`), or None."""
     def nan_alloc(shape, dtype, device):
         return torch.full(shape, float("nan"), dtype=dtype, device=device)
 
@@ -101,7 +102,7 @@ def run_twins(args, monkeypatch, twins=KERNEL_TWINS, host_bounds=True):
         p = dataclasses.replace(p, seq_bounds=None)
     out = backward._bwd_impl(p, args["q"], args["k"], args["v"], args["g_cumsum"], args["beta"], args["A"],
                              args["do"], args["dht"], args["initial_state"], args["cu_seqlens"],
-                             args["state_v_first"], 64, twins)
+                             args["state_v_first"], 64, twins, lanes=lanes)
     return dict(zip(NAMES, out))
 
 
@@ -157,11 +158,11 @@ LANE_CASES = [c for c in CASES if c.cu_seqlens is not None] + [
 
 @pytest.mark.parametrize("case", LANE_CASES, ids=[c.id for c in LANE_CASES])
 def test_lanes_give_the_same_gradients(case, monkeypatch):
-    """QLABENCH_BWD_LANES=on (backward_lanes: the longest chain's run of sequences, then the runs before and after
-    it, each with its own recurrences and bwd_chunk over its chunk rows) gives the one-launch gradients bit for bit,
-    and bwd_chunk runs once per lane over exactly the lane's chunk rows, which together are every real chunk once."""
+    """The backward's lanes (backward_lanes forced on: the longest chain's run of sequences, then the runs before
+    and after it, each with its own recurrences and bwd_chunk over its chunk rows) give the one-launch gradients bit
+    for bit, and bwd_chunk runs once per lane over exactly the lane's chunk rows, which together are every real
+    chunk once."""
     _, args = problem(case)
-    monkeypatch.setenv("QLABENCH_BWD_LANES", "off")
     ref = run_twins(args, monkeypatch)
     rows = []
 
@@ -169,14 +170,14 @@ def test_lanes_give_the_same_gradients(case, monkeypatch):
         rows.append(a[10].clone())  # chunk_bounds of the launch
         return KERNEL_TWINS["bwd_chunk"](*a)
 
+    bounds = list(zip(case.cu_seqlens, case.cu_seqlens[1:]))
     monkeypatch.setenv("QLABENCH_BWD_LANES", "on")
-    got = run_twins(args, monkeypatch, {**KERNEL_TWINS, "bwd_chunk": chunk})
-    bounds = [(b, e) for b, e in zip(case.cu_seqlens, case.cu_seqlens[1:])]
-    assert backward.backward_lanes({"bwd_chunk": None}, bounds, 64) is not None
-    assert len(rows) == len(backward.backward_lanes({"bwd_chunk": None}, bounds, 64)) >= 2
+    lanes = backward.backward_lanes([-(-(e - b) // 64) for b, e in bounds], case.h_v, 64, 132)
+    assert lanes is not None and len(lanes) >= 2
+    got = run_twins(args, monkeypatch, {**KERNEL_TWINS, "bwd_chunk": chunk}, lanes=lanes)
+    assert len(rows) == len(lanes)
     seen = sorted(tuple(r) for x in rows for r in x.tolist() if r[1] > r[0])
-    want = sorted((t, min(t + 64, e)) for b, e in bounds for t in range(b, e, 64))
-    assert seen == want
+    assert seen == sorted((t, min(t + 64, e)) for b, e in bounds for t in range(b, e, 64))
     for n in NAMES:
         assert (got[n] is None) == (ref[n] is None)
         if got[n] is not None:
@@ -185,22 +186,24 @@ def test_lanes_give_the_same_gradients(case, monkeypatch):
 
 def test_backward_lanes_rule(monkeypatch):
     """The runs: the longest chain's sequence (the first of equals), then the runs before and after it; none with
-    one sequence, without host bounds, off sm90's bwd_chunk path, or with QLABENCH_BWD_LANES off / auto (auto is
-    off until measured); a bad switch value is a ValueError naming it."""
-    k = {"bwd_chunk": None}
+    one sequence. auto: only where the longest chain's two recurrences (2 h_v V / BV blocks) leave half the SMs;
+    QLABENCH_BWD_LANES on / off forces them; a bad switch value is a ValueError naming it."""
+    lanes = backward.backward_lanes
+    monkeypatch.delenv("QLABENCH_BWD_LANES", raising=False)
+    assert lanes([2, 5, 2], 16, 64, 132) == ((1, 2), (0, 1), (2, 3))  # 64 blocks of 132
+    assert lanes([5, 2], 16, 64, 132) == ((0, 1), (1, 2))
+    assert lanes([1, 1, 1], 4, 32, 132) == ((0, 1), (1, 3))
+    assert lanes([5, 2], 16, 32, 132) is None  # 128 blocks: the other lanes would wait for 4 SMs
+    assert lanes([5, 2], 32, 64, 132) is None
+    assert lanes([5], 4, 32, 132) is None
     monkeypatch.setenv("QLABENCH_BWD_LANES", "on")
-    assert backward.backward_lanes(k, ((0, 100), (100, 400), (400, 500)), 64) == ((1, 2), (0, 1), (2, 3))
-    assert backward.backward_lanes(k, ((0, 300), (300, 400)), 64) == ((0, 1), (1, 2))
-    assert backward.backward_lanes(k, ((0, 64), (64, 128), (128, 192)), 64) == ((0, 1), (1, 3))
-    assert backward.backward_lanes(k, ((0, 300),), 64) is None
-    assert backward.backward_lanes(k, None, 64) is None
-    assert backward.backward_lanes({"bwd_intra": None}, ((0, 100), (100, 400)), 64) is None
-    for off in ("off", "auto"):
-        monkeypatch.setenv("QLABENCH_BWD_LANES", off)
-        assert backward.backward_lanes(k, ((0, 100), (100, 400)), 64) is None
+    assert lanes([5, 2], 32, 64, 132) == ((0, 1), (1, 2))
+    assert lanes([5], 4, 32, 132) is None
+    monkeypatch.setenv("QLABENCH_BWD_LANES", "off")
+    assert lanes([2, 5, 2], 16, 64, 132) is None
     monkeypatch.setenv("QLABENCH_BWD_LANES", "maybe")
     with pytest.raises(ValueError, match="QLABENCH_BWD_LANES.*'maybe'"):
-        backward.backward_lanes(k, ((0, 100), (100, 400)), 64)
+        lanes([5, 2], 16, 64, 132)
 
 
 @pytest.mark.parametrize("host_bounds", [True, False], ids=["tokens_end", "device-mask"])
