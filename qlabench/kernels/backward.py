@@ -346,11 +346,15 @@ def chunk_gated_delta_rule_bwd(q, k, v, g_cumsum, beta, A, do, dht=None, scale=N
     chunks = chain_chunks(p.seq_bounds, p.N, arch.chunk_size)
     bv = _value_tile(chunks, p.h_v, _sm_count(q.device), arch.name, longest_first=True)
     prepare, masks = _prepare_masks(arch.name, masks)
-    kernels = _kernels(p.h_qk, p.h_v, _DTYPE_NAMES[q.dtype], arch.name, bv,
-                       None if options is None else options.bwd_dh, prepare)
+    bwd_dh = None if options is None else options.bwd_dh
+    kernels = _kernels(p.h_qk, p.h_v, _DTYPE_NAMES[q.dtype], arch.name, bv, bwd_dh, prepare)
     lanes = None
     if p.seq_bounds is not None and "bwd_chunk" in kernels:  # sm90's plain path with the host's bounds
-        lanes = backward_lanes(chunks, p.h_v, bv, _sm_count(q.device))
+        forced = env_choice("QLABENCH_BWD_BV", ("auto", "32", "64"), "auto") != "auto"
+        tiles = (bv,) if forced else (bv, *(t for t in value_tiles(arch.name) if t > bv))
+        lanes, lane_bv = backward_lanes(chunks, p.h_v, tiles, _sm_count(q.device))
+        if lane_bv != bv:
+            kernels = _kernels(p.h_qk, p.h_v, _DTYPE_NAMES[q.dtype], arch.name, lane_bv, bwd_dh, prepare)
     return _bwd_impl(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens, state_v_first,
                      arch.chunk_size, kernels, masks, lanes)
 
@@ -480,27 +484,31 @@ def _bwd_impl(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens,
     return gradients_out(p, table, cu_seqlens, dq_v, dk_v, dv, dbeta, dg, dh0, beta, initial_state, state_v_first)
 
 
-def backward_lanes(chunks, h_v: int, bv: int, sm_count: int,
-                   V: int = _HEAD_DIM) -> tuple[tuple[int, int], ...] | None:
-    """The lanes of the plain sm90 backward (`_by_lanes`) for sequences of ``chunks`` chunks each (host values):
-    runs of sequences (a, b), the one with the longest chain (the first of equals) first, then the runs before and
-    after it; None: one launch of each kernel over every sequence (also with one sequence).
-    auto: lanes where the longest chain's two recurrences (2 h_v V / bv blocks of one SM each) leave at least half
-    of the SMs to the other lanes. Measured (H100, h200-bwd phase bwd, lanes on against off, results/h200/
-    2026-12-06_s50/): where they take 64 blocks or fewer of 132, 0.959 - 1.006 (hk16_hv16 8k_8seq 0.959,
-    hk8_hv16 32k_4seq 0.967); where they take 128, 0.997 - 1.040 (hk8_hv16 and hk16_hv16 8k_4seq 1.04 / 1.03 at
-    BV 32: the other lanes' blocks wait for the 4 SMs left). QLABENCH_BWD_LANES=on|off forces them on (wherever
-    there are two runs) or off."""
-    from .dispatch import env_choice
-
+def backward_lanes(chunks, h_v: int, tiles: tuple[int, ...], sm_count: int,
+                   V: int = _HEAD_DIM) -> tuple[tuple[tuple[int, int], ...] | None, int]:
+    """The lanes of the plain sm90 backward (`_by_lanes`) for sequences of ``chunks`` chunks each (host values) and
+    the V tile of their recurrences, from ``tiles`` (the makespan model's tile first, then wider ones it may take
+    instead): (runs of sequences (a, b), the one with the longest chain (the first of equals) first, then the runs
+    before and after it; tile), or (None, tiles[0]): one launch of each kernel over every sequence (also with one
+    sequence).
+    auto: lanes at the first tile where the longest chain's two recurrences (2 h_v V / tile blocks of one SM each)
+    leave at least half of the SMs to the other lanes. Measured (H100, h200-bwd phase bwd, results/h200/
+    2026-12-06_s50/): lanes on against off where they take 64 blocks or fewer of 132: 0.959 - 1.006 (hk16_hv16 8k_8seq
+    0.959, hk8_hv16 32k_4seq 0.967); where they take 128 (BV 32 at h_v 16, or h_v 32): 0.997 - 1.040, the other lanes'
+    blocks waiting for the 4 SMs left; hk16_hv16 / hk8_hv16 8k_4seq with lanes at BV 64 against one launch at the
+    model's BV 32: 0.941 / 0.957. QLABENCH_BWD_LANES=on|off forces them on at tiles[0] (wherever there are two runs)
+    or off."""
     choice = env_choice("QLABENCH_BWD_LANES", ("auto", "on", "off"), "auto")
-    if choice == "off" or len(chunks) < 2:
-        return None
-    if choice == "auto" and 2 * h_v * (V // bv) > sm_count // 2:
-        return None
-    i = list(chunks).index(max(chunks))
+    i = list(chunks).index(max(chunks)) if len(chunks) else 0
     runs = tuple(r for r in ((i, i + 1), (0, i), (i + 1, len(chunks))) if r[1] > r[0])
-    return runs if len(runs) > 1 else None
+    if choice == "off" or len(runs) < 2:
+        return None, tiles[0]
+    if choice == "on":
+        return runs, tiles[0]
+    for bv in tiles:
+        if 2 * h_v * (V // bv) <= sm_count // 2:
+            return runs, bv
+    return None, tiles[0]
 
 
 def _by_lanes(kernels, lanes, table, p, q2, k2, v2, do2, g2, b2, A2, Pg, Ag, fac, no_skip, h0, dht2, h, dh, dv, dh0,

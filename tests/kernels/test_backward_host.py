@@ -172,8 +172,8 @@ def test_lanes_give_the_same_gradients(case, monkeypatch):
 
     bounds = list(zip(case.cu_seqlens, case.cu_seqlens[1:]))
     monkeypatch.setenv("QLABENCH_BWD_LANES", "on")
-    lanes = backward.backward_lanes([-(-(e - b) // 64) for b, e in bounds], case.h_v, 64, 132)
-    assert lanes is not None and len(lanes) >= 2
+    lanes, bv = backward.backward_lanes([-(-(e - b) // 64) for b, e in bounds], case.h_v, (64,), 132)
+    assert lanes is not None and len(lanes) >= 2 and bv == 64
     got = run_twins(args, monkeypatch, {**KERNEL_TWINS, "bwd_chunk": chunk}, lanes=lanes)
     assert len(rows) == len(lanes)
     seen = sorted(tuple(r) for x in rows for r in x.tolist() if r[1] > r[0])
@@ -186,24 +186,28 @@ def test_lanes_give_the_same_gradients(case, monkeypatch):
 
 def test_backward_lanes_rule(monkeypatch):
     """The runs: the longest chain's sequence (the first of equals), then the runs before and after it; none with
-    one sequence. auto: only where the longest chain's two recurrences (2 h_v V / BV blocks) leave half the SMs;
-    QLABENCH_BWD_LANES on / off forces them; a bad switch value is a ValueError naming it."""
+    one sequence. auto: at the first tile (the model's, then wider ones) where the longest chain's two recurrences
+    (2 h_v V / BV blocks) leave half the SMs; QLABENCH_BWD_LANES on / off forces them at the first tile or off; a
+    bad switch value is a ValueError naming it."""
     lanes = backward.backward_lanes
     monkeypatch.delenv("QLABENCH_BWD_LANES", raising=False)
-    assert lanes([2, 5, 2], 16, 64, 132) == ((1, 2), (0, 1), (2, 3))  # 64 blocks of 132
-    assert lanes([5, 2], 16, 64, 132) == ((0, 1), (1, 2))
-    assert lanes([1, 1, 1], 4, 32, 132) == ((0, 1), (1, 3))
-    assert lanes([5, 2], 16, 32, 132) is None  # 128 blocks: the other lanes would wait for 4 SMs
-    assert lanes([5, 2], 32, 64, 132) is None
-    assert lanes([5], 4, 32, 132) is None
+    assert lanes([2, 5, 2], 16, (64,), 132) == (((1, 2), (0, 1), (2, 3)), 64)  # 64 blocks of 132
+    assert lanes([5, 2], 16, (64,), 132) == (((0, 1), (1, 2)), 64)
+    assert lanes([1, 1, 1], 4, (32, 64), 132) == (((0, 1), (1, 3)), 32)
+    assert lanes([5, 2], 16, (32, 64), 132) == (((0, 1), (1, 2)), 64)  # 128 blocks at 32: lanes at 64 instead
+    assert lanes([5, 2], 16, (32,), 132) == (None, 32)  # the tile forced (QLABENCH_BWD_BV)
+    assert lanes([5, 2], 32, (64,), 132) == (None, 64)
+    assert lanes([5], 4, (32, 64), 132) == (None, 32)
+    assert lanes([], 4, (32, 64), 132) == (None, 32)
     monkeypatch.setenv("QLABENCH_BWD_LANES", "on")
-    assert lanes([5, 2], 32, 64, 132) == ((0, 1), (1, 2))
-    assert lanes([5], 4, 32, 132) is None
+    assert lanes([5, 2], 32, (64,), 132) == (((0, 1), (1, 2)), 64)
+    assert lanes([5, 2], 16, (32, 64), 132) == (((0, 1), (1, 2)), 32)
+    assert lanes([5], 4, (32,), 132) == (None, 32)
     monkeypatch.setenv("QLABENCH_BWD_LANES", "off")
-    assert lanes([2, 5, 2], 16, 64, 132) is None
+    assert lanes([2, 5, 2], 16, (64,), 132) == (None, 64)
     monkeypatch.setenv("QLABENCH_BWD_LANES", "maybe")
     with pytest.raises(ValueError, match="QLABENCH_BWD_LANES.*'maybe'"):
-        lanes([5, 2], 16, 64, 132)
+        lanes([5, 2], 16, (64,), 132)
 
 
 @pytest.mark.parametrize("host_bounds", [True, False], ids=["tokens_end", "device-mask"])
