@@ -456,11 +456,14 @@ def _bwd_impl(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens,
 
     h0, dht2 = state_in(initial_state), state_in(dht)
 
-    h = _alloc((ncmax, H, p.K, p.V), dtype, dev)
+    # h and dh: a row per real chunk (the chunk table numbers them first; with the host's bounds their count is
+    # known here, else the launch bound NCmax); every kernel reads and writes only real chunks' rows
+    n_hc = ncmax if p.seq_bounds is None else max(sum(-(-(e - b) // C) for b, e in p.seq_bounds), 1)
+    h = _alloc((n_hc, H, p.K, p.V), dtype, dev)
     if "bwd_fused" in kernels:
         return _bwd_fused(p, kernels, q2, k2, v2, do2, g2, b2, A2, table, h0, dht2, h, masks, cu_seqlens, beta,
                           initial_state, state_v_first, C)
-    dh = _alloc((ncmax, H, p.K, p.V), dtype, dev)
+    dh = _alloc((n_hc, H, p.K, p.V), dtype, dev)
     dv = _alloc((BT, H, p.V), dtype, dev)
     dvp = dv if dv_in_chunk(kernels) else _alloc((BT, H, p.V), dtype, dev)  # dV', then (sm90) dv over it
     dh0 = _alloc((p.N, H, p.K, p.V), f32, dev)
