@@ -225,8 +225,10 @@ def _low_level_step(log):
 
 def test_default_options_launch_what_the_switches_launched(launches):
     default = _step(launches)
-    assert _roles(default) == ["chunk_local_cumsum", "kkt_solve", "chunk_fwd_ws", "bwd_prepare", "bwd_dh_ws",
-                               "bwd_h", "bwd_chunk"]  # bwd_dh_ws queued first, bwd_h beside it (streams.py)
+    # two sequences over 4 v-heads: the backward runs in two lanes (backward.backward_lanes), each with its bwd_dh_ws
+    # queued first, its bwd_h beside it and then its bwd_chunk (streams.Lanes)
+    assert _roles(default) == ["chunk_local_cumsum", "kkt_solve", "chunk_fwd_ws", "bwd_prepare",
+                               *(["bwd_dh_ws", "bwd_h", "bwd_chunk"] * 2)]
     assert _step(launches, options=KernelOptions()) == default
     assert _low_level_step(launches) == default
 
