@@ -459,11 +459,13 @@ def _bwd_impl(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens,
     # h and dh: a row per real chunk (the chunk table numbers them first; with the host's bounds their count is
     # known here, else the launch bound NCmax); every kernel reads and writes only real chunks' rows
     n_hc = ncmax if p.seq_bounds is None else max(sum(-(-(e - b) // C) for b, e in p.seq_bounds), 1)
-    h = _alloc((n_hc, H, p.K, p.V), dtype, dev)
     if "bwd_fused" in kernels:
+        h = _alloc((n_hc, H, p.K, p.V), dtype, dev)
         return _bwd_fused(p, kernels, q2, k2, v2, do2, g2, b2, A2, table, h0, dht2, h, masks, cu_seqlens, beta,
                           initial_state, state_v_first, C)
-    dh = _alloc((n_hc, H, p.K, p.V), dtype, dev)
+    # one allocation for both: the caching allocator rounds each large block up to 2 MiB, so two buffers of an odd
+    # number of MiB (hk16_hv16 8k_4seq: 130 rows, 65 MiB each) would hold 2 MiB more at the backward's peak
+    h, dh = _alloc((2, n_hc, H, p.K, p.V), dtype, dev).unbind(0)
     dv = _alloc((BT, H, p.V), dtype, dev)
     dvp = dv if dv_in_chunk(kernels) else _alloc((BT, H, p.V), dtype, dev)  # dV', then (sm90) dv over it
     dh0 = _alloc((p.N, H, p.K, p.V), f32, dev)
@@ -476,14 +478,16 @@ def _bwd_impl(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens,
     if lanes is not None:
         dq_v, dk_v, dbeta, dg = _by_lanes(kernels, lanes, table, p, q2, k2, v2, do2, g2, b2, A2, Pg, Ag, fac, no_skip,
                                           h0, dht2, h, dh, dv, dh0, C)
+        del Pg, Ag, fac
     else:
         with Beside(dev) as beside:  # the two recurrences side by side (streams.py)
             with beside.side():
                 kernels["bwd_dh"](q2, k2, do2, Pg, Ag, fac, cu, offsets, order, no_skip, dht2,
                                   *dh_pass_rows(kernels, dh, dvp, dv), dh0, p.scale, 0)
             kernels["bwd_h"](k2, v2, A2, fac, cu, offsets, order, h0, h)
+        del Pg, Ag, fac  # before chunk_grads allocates dq, dk, dbeta, dg (the lanes allocate those before the fork)
         dq_v, dk_v, dbeta, dg = chunk_grads(kernels, p, q2, k2, v2, do2, dvp, dv, g2, b2, A2, h, dh, bounds, C)
-    del Pg, Ag, fac, h, dh, dvp
+    del h, dh, dvp
     return gradients_out(p, table, cu_seqlens, dq_v, dk_v, dv, dbeta, dg, dh0, beta, initial_state, state_v_first)
 
 
