@@ -39,6 +39,10 @@ the same values (every term is per V column).
 
 bwd_h and bwd_dh read none of each other's outputs: bwd_dh runs on a second, high-priority stream beside
 bwd_h (`streams.Beside`), so the blocks of one fill the SMs the other's longest chains leave idle.
+Over sequences of unequal length sm90 may run in lanes instead (`backward_lanes`, `_by_lanes`): the longest
+chain's sequence and the runs of sequences before and after it, each with its own bwd_dh, bwd_h and then
+bwd_chunk over its chunk rows, the lanes side by side (`streams.Lanes`), so the other lanes' per-chunk
+gradients run while the long chains finish.
 
 Kernels keep every state in the `[K, V]` layout; for ``state_v_first`` the host transposes the
 per-sequence h0 / dht / dh0 (small), so one compiled kernel set serves both layouts. Nothing here
