@@ -57,6 +57,7 @@ from .common.chunks import chunk_table, f32_buffers
 from .dispatch import arch_by_name, arch_for_device, env_choice, has_kernel, kernel_factory, require_backward
 from .streams import Beside, Lanes
 from .validate import validate
+from .value_tile import chain_chunks
 
 __all__ = ["chunk_gated_delta_rule_bwd", "compile_backward_kernels"]
 
@@ -344,7 +345,6 @@ def chunk_gated_delta_rule_bwd(q, k, v, g_cumsum, beta, A, do, dht=None, scale=N
     p = _check_inputs(q, k, v, g_cumsum, beta, A, do, dht, scale, initial_state, cu_seqlens,
                       state_v_first, arch.chunk_size)
     from .forward import _sm_count
-    from .value_tile import chain_chunks
 
     masks = check_masks(masks, p, q.dtype, q.device, arch.chunk_size)
     chunks = chain_chunks(p.seq_bounds, p.N, arch.chunk_size)
@@ -462,7 +462,8 @@ def _bwd_impl(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens,
 
     # h and dh: a row per real chunk (the chunk table numbers them first; with the host's bounds their count is
     # known here, else the launch bound NCmax); every kernel reads and writes only real chunks' rows
-    n_hc = ncmax if p.seq_bounds is None else max(sum(-(-(e - b) // C) for b, e in p.seq_bounds), 1)
+    chunks = None if p.seq_bounds is None else chain_chunks(p.seq_bounds, p.N, C)  # per sequence (host values)
+    n_hc = ncmax if chunks is None else max(sum(chunks), 1)
     if "bwd_fused" in kernels:
         h = _alloc((n_hc, H, p.K, p.V), dtype, dev)
         return _bwd_fused(p, kernels, q2, k2, v2, do2, g2, b2, A2, table, h0, dht2, h, masks, cu_seqlens, beta,
@@ -481,7 +482,7 @@ def _bwd_impl(p, q, k, v, g_cumsum, beta, A, do, dht, initial_state, cu_seqlens,
     order = table.seq_order  # longest chains first
     if lanes is not None:
         dq_v, dk_v, dbeta, dg = _by_lanes(kernels, lanes, table, p, q2, k2, v2, do2, g2, b2, A2, Pg, Ag, fac, no_skip,
-                                          h0, dht2, h, dh, dv, dh0, C)
+                                          h0, dht2, h, dh, dv, dh0, chunks)
         del Pg, Ag, fac
     else:
         with Beside(dev) as beside:  # the two recurrences side by side (streams.py)
@@ -523,19 +524,19 @@ def backward_lanes(chunks, h_v: int, tiles: tuple[int, ...], sm_count: int,
 
 
 def _by_lanes(kernels, lanes, table, p, q2, k2, v2, do2, g2, b2, A2, Pg, Ag, fac, no_skip, h0, dht2, h, dh, dv, dh0,
-              C: int):
+              chunks):
     """The two recurrences and bwd_chunk per lane, the lanes side by side (streams.Lanes): lane i's bwd_dh on
     stream 2 i, its bwd_h on stream 2 i + 1, then its bwd_chunk over its own chunk rows there once both are done.
     The first lane (the longest chain's) takes the high-priority streams: its blocks are dispatched first, and the
     other lanes' recurrences and per-chunk gradients fill the SMs its long chains leave idle, where with one launch
     of each kernel bwd_chunk would wait for the last chain of all. Same kernels, same values; the lanes' tables
     (common/chunks.lane_table) give each launch its sequences, and views give it its rows of the per-sequence and
-    per-chunk tensors. Returns dq, dk, dbeta, dg (as `chunk_grads`)."""
+    per-chunk tensors; ``chunks``: every sequence's chunk count (host values). Returns dq, dk, dbeta, dg (as
+    `chunk_grads`)."""
     from .common.chunks import lane_table
 
     dev, f32 = q2.device, f32_buffers(q2.dtype)
     BT, H, K = q2.shape[0], p.h_v, p.K
-    chunks = [-(-(e - b) // C) for b, e in p.seq_bounds]
     dq = _alloc((BT, p.h_qk, K), q2.dtype, dev)
     dk = _alloc((BT, p.h_qk, K), q2.dtype, dev)
     dbeta = _alloc((BT, H), f32, dev)
